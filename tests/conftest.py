@@ -1,0 +1,3 @@
+"""Shared fixtures: real origins on loopback (see tests/harness)."""
+
+pytest_plugins = ["tests.harness.fixtures"]
