@@ -1,0 +1,64 @@
+"""The manifest: a dataset's single source of truth.
+
+Every shard's relative path, size, whole-file xxh3-128 digest, per-block xxh3-64
+digests and, for token shards, dtype and token count, in one Parquet file
+stored beside the data at ``<source>/.stager/manifest.parquet``, so the source
+URL alone finds it. The manifest is untrusted input: loading validates every
+entry (:mod:`.validate`) and refuses unknown format versions (:mod:`.parquet`).
+It is written atomically, so a reader sees the previous manifest or the new
+one, never half of one.
+"""
+
+from __future__ import annotations
+
+from ..errors import ManifestError, ShardNotFound
+from .model import FORMAT_VERSION, SCHEMA, Manifest, ShardEntry
+from .parquet import decode_manifest, encode_manifest
+
+MANIFEST_DIR = ".stager"
+MANIFEST_PATH = f"{MANIFEST_DIR}/manifest.parquet"
+
+
+async def load_manifest(store) -> Manifest:  # store: stager.store.Store
+    """Read and validate the manifest beside the data of ``store``.
+
+    Raises:
+        ManifestError: there is none, or it is invalid (the message names the file).
+    """
+    name = f"{store.url.rstrip('/')}/{MANIFEST_PATH}"
+    try:
+        data = await store.read(MANIFEST_PATH)
+    except ShardNotFound as exc:
+        raise ManifestError(f"{name}: no manifest (run `stager index {store.url}` first)") from exc
+    return decode_manifest(data, name)
+
+
+async def save_manifest(store, manifest: Manifest) -> None:
+    """Write ``manifest`` beside the data of ``store``, atomically."""
+    await store.write(MANIFEST_PATH, encode_manifest(manifest))
+
+
+def read_manifest_file(path: str) -> Manifest:
+    """Load and validate a manifest from a local Parquet file."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read manifest: {exc.strerror}") from exc
+    return decode_manifest(data, path)
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST_DIR",
+    "MANIFEST_PATH",
+    "Manifest",
+    "ManifestError",
+    "SCHEMA",
+    "ShardEntry",
+    "decode_manifest",
+    "encode_manifest",
+    "load_manifest",
+    "read_manifest_file",
+    "save_manifest",
+]

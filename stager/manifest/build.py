@@ -1,0 +1,165 @@
+"""Building a manifest by hashing every file under a source (``stager index``).
+
+Files are listed once, filtered by ``--include``/``--exclude`` globs (the
+manifest's own folder is always left out), then hashed in parallel: each file
+is read in order, block by block, with a few blocks read ahead, so every byte
+crosses the network once and feeds both the whole-file and the block digests.
+Token metadata is filled in by format: ``.bin`` shards take the dtype given
+(their token count is size / itemsize), ``.npy`` shards are read from their
+header, Parquet shards from the footer of their token column.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import io
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..config import DEFAULT_BLOCK_SIZE
+from ..errors import ConfigError, ManifestError
+from ..hashing import StreamHasher, block_range
+from . import MANIFEST_DIR
+from .model import Manifest, ShardEntry
+
+TOKEN_DTYPES = ("uint16", "uint32", "int32", "int64", "uint8")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexConfig:
+    """What ``stager index`` hashes and how."""
+
+    block_size: int = DEFAULT_BLOCK_SIZE
+    include: Sequence[str] = ()
+    exclude: Sequence[str] = ()
+    bin_dtype: str | None = "uint16"  # dtype of flat .bin token shards; None: not token shards
+    token_column: str = "tokens"
+    concurrency: int = 16  # block reads in flight across all files
+    read_ahead: int = 4  # blocks read ahead within one file
+
+    def __post_init__(self) -> None:
+        if self.bin_dtype is not None and self.bin_dtype not in TOKEN_DTYPES:
+            raise ConfigError(f"dtype {self.bin_dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
+        if not 4096 <= self.block_size <= 1 << 30:
+            raise ConfigError(f"block size must be in 4KiB..1GiB, got {self.block_size}")
+
+
+def selected(path: str, config: IndexConfig) -> bool:
+    """Whether ``path`` belongs in the manifest under the include/exclude globs."""
+    if path == MANIFEST_DIR or path.startswith(MANIFEST_DIR + "/"):
+        return False
+    if config.include and not any(fnmatch.fnmatchcase(path, g) for g in config.include):
+        return False
+    return not any(fnmatch.fnmatchcase(path, g) for g in config.exclude)
+
+
+async def build_manifest(
+    store,
+    config: IndexConfig = IndexConfig(),
+    *,
+    on_listed: Callable[[int, int], None] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> Manifest:
+    """Hash every selected file of ``store`` and return its manifest (not yet saved).
+
+    Args:
+        store: a :class:`stager.store.Store` rooted at the dataset.
+        config: globs, block size, token dtype, parallelism.
+        on_listed: called once with (file count, total bytes) after listing.
+        on_bytes: called with each block's size as it is hashed.
+
+    Raises:
+        OriginError: listing or reading failed beyond the retry budget.
+        ManifestError: a file changed size while it was read, or nothing matched.
+    """
+    objects = [o for o in await store.list() if selected(o.path, config)]
+    if on_listed:
+        on_listed(len(objects), sum(o.size for o in objects))
+    gate = asyncio.Semaphore(config.concurrency)
+
+    async def read_block(path: str, size: int, index: int) -> bytes:
+        start, end = block_range(index, size, config.block_size)
+        async with gate:
+            return await store.read_range(path, start, end)
+
+    async def hash_one(obj) -> ShardEntry:
+        hasher = StreamHasher(config.block_size)
+        nblocks = -(-obj.size // config.block_size)
+        pending: list[asyncio.Task[bytes]] = []
+        head = tail = b""
+        try:
+            for index in range(nblocks):
+                while len(pending) < config.read_ahead and index + len(pending) < nblocks:
+                    pending.append(asyncio.ensure_future(read_block(obj.path, obj.size, index + len(pending))))
+                data = await pending.pop(0)
+                hasher.update(data)
+                if index == 0:
+                    head = data[:4096]
+                tail = (tail + data)[-(2 * config.block_size):] if obj.path.endswith(".parquet") else b""
+                if on_bytes:
+                    on_bytes(len(data))
+        finally:
+            for task in pending:
+                task.cancel()
+        digest, blocks = hasher.finish()
+        if hasher.size != obj.size:
+            raise ManifestError(f"{store.url}/{obj.path}: size changed while indexing ({obj.size} -> {hasher.size})")
+        dtype, tokens = token_info(obj.path, obj.size, head, tail, config)
+        return ShardEntry(obj.path, obj.size, digest, tuple(blocks), dtype, tokens, obj.mtime)
+
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(hash_one(o)) for o in objects]
+    return Manifest.from_entries((t.result() for t in tasks), config.block_size)
+
+
+def token_info(path: str, size: int, head: bytes, tail: bytes, config: IndexConfig) -> tuple[str | None, int | None]:
+    """The token dtype and count of a shard, from its name and its first and last bytes."""
+    if path.endswith(".bin") and config.bin_dtype:
+        itemsize = np.dtype(config.bin_dtype).itemsize
+        if size % itemsize:
+            raise ManifestError(f"{path}: {size} bytes is not a whole number of {config.bin_dtype} tokens")
+        return config.bin_dtype, size // itemsize
+    if path.endswith(".npy"):
+        return _npy_info(path, head)
+    if path.endswith(".parquet"):
+        return _parquet_info(path, size, tail, config.token_column)
+    return None, None
+
+
+def _npy_info(path: str, head: bytes) -> tuple[str | None, int | None]:
+    try:
+        buf = io.BytesIO(head)
+        version = np.lib.format.read_magic(buf)
+        shape, _fortran, dtype = np.lib.format._read_array_header(buf, version)  # noqa: SLF001
+    except (ValueError, OSError) as exc:
+        raise ManifestError(f"{path}: not a readable .npy file: {exc}") from exc
+    if dtype.name not in TOKEN_DTYPES or dtype.byteorder == ">":
+        return None, None
+    return dtype.name, int(np.prod(shape))
+
+
+def _parquet_info(path: str, size: int, tail: bytes, column: str) -> tuple[str | None, int | None]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_metadata(pa.BufferReader(tail))
+    except (pa.ArrowException, OSError) as exc:
+        if len(tail) >= size:
+            raise ManifestError(f"{path}: not a readable Parquet file: {exc}") from exc
+        return None, None  # footer larger than what we kept: not a token shard we can describe
+    schema = meta.schema.to_arrow_schema()
+    if column not in schema.names:
+        return None, None
+    field_type = schema.field(column).type
+    if not (pa.types.is_list(field_type) or pa.types.is_large_list(field_type)):
+        return None, None
+    value_type = str(field_type.value_type)
+    if value_type not in TOKEN_DTYPES:
+        return None, None
+    leaf = next(i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] == column)
+    tokens = sum(meta.row_group(g).column(leaf).num_values for g in range(meta.num_row_groups))
+    return value_type, tokens

@@ -1,0 +1,164 @@
+"""The in-memory manifest: one Arrow table, columns rather than a million objects.
+
+A manifest of a million shards must load in well under a second, so the
+manifest keeps the Parquet file's Arrow table as it is and hands out
+:class:`ShardEntry` values only when asked for one. Columns:
+
+========  ========================  ==============================================
+path      string                    relative, '/'-separated, validated
+size      int64                     bytes
+digest    fixed_size_binary(16)     xxh3-128 of the whole shard (the blob's name)
+blocks    list<uint64>              xxh3-64 of each ``block_size`` block
+dtype     string, nullable          token dtype for token shards (uint16, ...)
+tokens    int64, nullable           token count for token shards
+mtime     float64, nullable         seconds since the epoch, from the origin
+========  ========================  ==============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ..config import DEFAULT_BLOCK_SIZE
+
+FORMAT_VERSION = 1
+
+SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("digest", pa.binary(16), nullable=False),
+        pa.field("blocks", pa.list_(pa.uint64()), nullable=False),
+        pa.field("dtype", pa.string()),
+        pa.field("tokens", pa.int64()),
+        pa.field("mtime", pa.float64()),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEntry:
+    """One shard of a dataset as the manifest describes it."""
+
+    path: str
+    size: int
+    digest: str  # xxh3-128, 32 lowercase hex digits
+    blocks: tuple[int, ...]  # xxh3-64 of each block
+    dtype: str | None = None
+    tokens: int | None = None
+    mtime: float | None = None
+
+
+class Manifest:
+    """A validated dataset manifest (see :func:`stager.manifest.load_manifest`).
+
+    Build one from entries with :meth:`from_entries`; read one with
+    ``load_manifest``. Index access is by position: ``manifest[i]``.
+    """
+
+    __slots__ = ("table", "block_size", "__dict__")
+
+    def __init__(self, table: pa.Table, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        self.table = table
+        self.block_size = block_size
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[ShardEntry], block_size: int = DEFAULT_BLOCK_SIZE) -> "Manifest":
+        rows = sorted(entries, key=lambda e: e.path)
+        table = pa.table(
+            {
+                "path": [e.path for e in rows],
+                "size": [e.size for e in rows],
+                "digest": [bytes.fromhex(e.digest) for e in rows],
+                "blocks": [list(e.blocks) for e in rows],
+                "dtype": [e.dtype for e in rows],
+                "tokens": [e.tokens for e in rows],
+                "mtime": [e.mtime for e in rows],
+            },
+            schema=SCHEMA,
+        )
+        return cls(table, block_size)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __getitem__(self, index: int) -> ShardEntry:
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        return ShardEntry(
+            path=self.paths[index],
+            size=int(self.sizes[index]),
+            digest=self.digest(index),
+            blocks=tuple(self.block_digests(index)),
+            dtype=self.dtypes[index],
+            tokens=None if self.tokens[index] < 0 else int(self.tokens[index]),
+            mtime=None if np.isnan(self.mtimes[index]) else float(self.mtimes[index]),
+        )
+
+    def __iter__(self) -> Iterator[ShardEntry]:
+        for i in range(len(self)):
+            yield self[i]
+
+    @cached_property
+    def paths(self) -> list[str]:
+        return self.table.column("path").to_pylist()
+
+    @cached_property
+    def sizes(self) -> np.ndarray:
+        return self.table.column("size").to_numpy()
+
+    @cached_property
+    def dtypes(self) -> list[str | None]:
+        return self.table.column("dtype").to_pylist()
+
+    @cached_property
+    def tokens(self) -> np.ndarray:
+        """Token counts, -1 where the shard is not a token shard."""
+        return self.table.column("tokens").fill_null(-1).to_numpy()
+
+    @cached_property
+    def mtimes(self) -> np.ndarray:
+        return self.table.column("mtime").fill_null(np.nan).to_numpy()
+
+    @cached_property
+    def _digests(self) -> np.ndarray:
+        col = self.table.column("digest").combine_chunks()
+        return np.frombuffer(col.buffers()[1], dtype=np.uint8)[col.offset * 16 : (col.offset + len(col)) * 16].reshape(-1, 16)
+
+    def digest(self, index: int) -> str:
+        """The xxh3-128 hex digest of shard ``index`` (its blob name in the cache)."""
+        return self._digests[index].tobytes().hex()
+
+    @cached_property
+    def _blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        col = self.table.column("blocks").combine_chunks()
+        offsets = col.offsets.to_numpy()
+        values = col.values.to_numpy()
+        return offsets, values
+
+    def block_digests(self, index: int) -> Sequence[int]:
+        """The xxh3-64 digests of shard ``index``'s blocks."""
+        offsets, values = self._blocks
+        return values[offsets[index] : offsets[index + 1]].tolist()
+
+    @cached_property
+    def _by_path(self) -> dict[str, int]:
+        return {p: i for i, p in enumerate(self.paths)}
+
+    def index_of(self, path: str) -> int:
+        """Position of the shard at ``path``; raises KeyError when absent."""
+        return self._by_path[path]
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.sizes.sum()) if len(self) else 0
+
+    def filter(self, mask: Sequence[bool] | np.ndarray) -> "Manifest":
+        """A manifest of the shards where ``mask`` is true."""
+        return Manifest(self.table.filter(pa.array(np.asarray(mask, dtype=bool))), self.block_size)

@@ -1,0 +1,76 @@
+"""The manifest's file format: Parquet with a versioned schema.
+
+The file carries ``stager.format_version`` and ``stager.block_size`` in its
+schema metadata. A reader refuses a version it does not know, with a message
+that says so, rather than guessing at a layout. Compression is zstd; the
+columns are the ones in :mod:`stager.manifest.model`.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import ManifestError
+from .model import FORMAT_VERSION, SCHEMA, Manifest
+from .validate import validate_table
+
+_VERSION_KEY = b"stager.format_version"
+_BLOCK_KEY = b"stager.block_size"
+_CREATOR_KEY = b"stager.created_by"
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    """Serialise a manifest to Parquet bytes (written atomically by the caller)."""
+    from .. import __version__
+
+    table = manifest.table.replace_schema_metadata(
+        {
+            _VERSION_KEY: str(FORMAT_VERSION).encode(),
+            _BLOCK_KEY: str(manifest.block_size).encode(),
+            _CREATOR_KEY: f"stager {__version__}".encode(),
+        }
+    )
+    sink = io.BytesIO()
+    # Digests are random: dictionary encoding them only costs time on both ends.
+    pq.write_table(table, sink, compression="zstd", use_dictionary=["dtype"], row_group_size=1 << 20)
+    return sink.getvalue()
+
+
+def decode_manifest(data: bytes | memoryview, name: str) -> Manifest:
+    """Parse and validate manifest bytes read from ``name``.
+
+    Raises:
+        ManifestError: not Parquet, unknown version, wrong schema, or any invalid entry.
+    """
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        metadata = pf.schema_arrow.metadata or {}
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ManifestError(f"{name}: not a readable manifest (truncated or not Parquet): {exc}") from exc
+    if _VERSION_KEY not in metadata:
+        raise ManifestError(f"{name}: not a stager manifest (no format version)")
+    try:
+        version = int(metadata[_VERSION_KEY])
+        block_size = int(metadata[_BLOCK_KEY])
+    except (KeyError, ValueError) as exc:
+        raise ManifestError(f"{name}: unreadable format version or block size") from exc
+    if version != FORMAT_VERSION:
+        raise ManifestError(f"{name}: manifest format version {version} is not supported "
+                            f"(this stager reads version {FORMAT_VERSION})")
+    names = pf.schema_arrow.names
+    missing = [f.name for f in SCHEMA if f.name not in names]
+    if missing:
+        raise ManifestError(f"{name}: manifest lacks column(s) {', '.join(missing)}")
+    try:
+        table = pf.read(columns=SCHEMA.names)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ManifestError(f"{name}: manifest is corrupt: {exc}") from exc
+    try:
+        table = table.cast(SCHEMA)
+    except (pa.ArrowException, ValueError) as exc:
+        raise ManifestError(f"{name}: manifest columns have the wrong types: {exc}") from exc
+    validate_table(table, block_size, name)
+    return Manifest(table, block_size)
