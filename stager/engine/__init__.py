@@ -1,0 +1,19 @@
+"""The staging engine: plans, single-flight blob fetches, priority, hedging.
+
+Consumers describe what they will read as a :class:`Plan` (an ordered list of a
+dataset's shards and a cursor). The :class:`Engine` fetches the blobs inside
+each plan's byte window, nearest first, as parallel verified block reads
+through a :class:`PriorityGate`; a blob a consumer blocks on jumps the queue.
+Each blob is fetched once however many plans want it (``BlobJob``, shared
+through ``asyncio.shield``), and once across processes sharing a cache (the
+cache's file lock). See :mod:`.fetcher` for one blob's path from origin to cache.
+"""
+
+from .dataset import BlobRef, Dataset
+from .engine import Engine
+from .gate import PriorityGate
+from .hedging import LatencyTracker, hedged
+from .plan import URGENT, Plan
+from .stats import EngineStats
+
+__all__ = ["URGENT", "BlobRef", "Dataset", "Engine", "EngineStats", "LatencyTracker", "Plan", "PriorityGate", "hedged"]

@@ -1,0 +1,85 @@
+"""Hedged requests: race a straggler with a second request, keep the first answer.
+
+Object stores have long tails: most block GETs take about the same time, and a
+few take ten times longer for no reason of ours. :class:`LatencyTracker` keeps
+the recent request durations (normalised per MiB, so blocks of different size
+compare); when a request has run longer than ``p95 * factor`` (never less
+than ``min_delay``), :func:`hedged` starts a second, identical request and
+returns whichever finishes first, cancelling the other. Until enough samples
+exist nothing is hedged, so a cold start does not double the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import deque
+from typing import Awaitable, Callable, TypeVar
+
+T = TypeVar("T")
+
+MiB = 1 << 20
+
+
+class LatencyTracker:
+    """Recent per-MiB request durations and their 95th percentile."""
+
+    def __init__(self, samples: int = 256, min_samples: int = 16) -> None:
+        self._recent: deque[float] = deque(maxlen=samples)
+        self._sorted: list[float] = []
+        self._min_samples = min_samples
+
+    def record(self, seconds: float, nbytes: int) -> None:
+        value = seconds / max(nbytes / MiB, 1 / 64)
+        if len(self._recent) == self._recent.maxlen:
+            old = self._recent[0]
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        self._recent.append(value)
+        bisect.insort(self._sorted, value)
+
+    def p95(self) -> float | None:
+        if len(self._sorted) < self._min_samples:
+            return None
+        return self._sorted[min(len(self._sorted) - 1, int(len(self._sorted) * 0.95))]
+
+    def hedge_delay(self, nbytes: int, factor: float, min_delay: float) -> float | None:
+        """Seconds after which a request of ``nbytes`` counts as a straggler; None: do not hedge yet."""
+        p95 = self.p95()
+        if p95 is None:
+            return None
+        return max(min_delay, p95 * max(nbytes / MiB, 1 / 64) * factor)
+
+
+async def hedged(make: Callable[[], Awaitable[T]], delay: float | None, on_hedge: Callable[[], None] | None = None) -> tuple[T, bool]:
+    """Run ``make()``; if it is still running after ``delay`` seconds, race a second ``make()``.
+
+    Returns the first successful result and whether the hedge won. If one attempt
+    fails, the other is still awaited; if both fail, the first error is raised.
+    Cancelling the caller cancels both.
+    """
+    first = asyncio.ensure_future(make())
+    tasks = [first]
+    try:
+        if delay is None:
+            return await first, False
+        done, _ = await asyncio.wait({first}, timeout=delay)
+        if done:
+            return first.result(), False
+        if on_hedge:
+            on_hedge()
+        second = asyncio.ensure_future(make())
+        tasks.append(second)
+        pending = {first, second}
+        error: BaseException | None = None
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is None:
+                    return task.result(), task is second
+                error = error or task.exception()
+        assert error is not None
+        raise error
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()

@@ -1,0 +1,169 @@
+"""A plan: the ordered blobs one consumer will read, and its cursor.
+
+The consumer (the token iterator, the mount's sequential reader, ``stage``)
+knows its future order. The plan's prefetcher walks that order from the
+cursor and asks the engine for every blob inside the byte window ahead of it,
+nearest first; as the consumer advances, the window slides and the blobs left
+behind are marked consumed so eviction takes them first. When the consumer
+reaches a blob that is not there yet, :meth:`Plan.ready` makes it urgent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..cache import BlobState
+from ..errors import CacheFull, StagerError
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+URGENT = -1.0  # gate priority of a block a consumer is blocked on
+
+
+class Plan:
+    """One consumer's future reads of one dataset (positions index ``order``)."""
+
+    def __init__(self, engine: "Engine", dataset: "Dataset", order: Sequence[int] | np.ndarray | None,
+                 window_bytes: int, name: str) -> None:
+        manifest = dataset.manifest
+        self.engine = engine
+        self.dataset = dataset
+        self.name = name
+        self.order = np.arange(len(manifest), dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+        if len(self.order) and (self.order.min() < 0 or self.order.max() >= len(manifest)):
+            raise StagerError(f"plan {name}: positions outside the manifest's {len(manifest)} shards")
+        self.window_bytes = window_bytes
+        self.cursor = 0
+        self._ends = np.cumsum(manifest.sizes[self.order]) if len(self.order) else np.zeros(0, np.int64)
+        self._moved = asyncio.Event()
+        self._positions_of: dict[str, int] | None = None
+        self.last_error: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._prefetch(), name=f"prefetch {self.name}")
+
+    def window_end(self) -> int:
+        """First position past the window that starts at the cursor (always past the cursor)."""
+        if self.cursor >= len(self.order):
+            return len(self.order)
+        base = self._ends[self.cursor - 1] if self.cursor else 0
+        end = int(np.searchsorted(self._ends, base + self.window_bytes, side="right"))
+        return min(len(self.order), max(end, self.cursor + 1))
+
+    def window_digests(self) -> set[str]:
+        m = self.dataset.manifest
+        return {m.digest(int(i)) for i in self.order[self.cursor:self.window_end()]}
+
+    def next_use(self, digest: str) -> int | None:
+        """Positions from the cursor to the next use of ``digest``; None if the plan no longer needs it."""
+        if self._positions_of is None:  # built only when eviction needs it
+            m = self.dataset.manifest
+            self._positions_of = {}
+            for pos in range(len(self.order) - 1, -1, -1):
+                self._positions_of[m.digest(int(self.order[pos]))] = pos
+        pos = self._positions_of.get(digest)
+        return None if pos is None or pos < self.cursor else pos - self.cursor
+
+    def advance(self, position: int) -> None:
+        """The consumer is done with every position before ``position``."""
+        position = min(position, len(self.order))
+        if position <= self.cursor:
+            return
+        m = self.dataset.manifest
+        consumed = [m.digest(int(i)) for i in self.order[self.cursor:position]]
+        self.cursor = position
+        self.engine.mark_consumed(consumed, self.name)
+        self._moved.set()
+
+    def ref(self, position: int):
+        return self.dataset.ref(int(self.order[position]))
+
+    async def ready(self, position: int) -> Path:
+        """The cache path of the blob at ``position``, fetching it urgently if needed.
+
+        Raises:
+            OriginError: the blob could not be fetched within the retry budget.
+            CacheError: the cache cannot hold it.
+        """
+        ref = self.ref(position)
+        cache = self.engine.cache
+        if cache.state(ref.digest) is BlobState.COMPLETE:
+            return cache.complete_path(ref.digest)
+        began = time.monotonic()
+        try:
+            return await self.engine.ensure(ref, priority=URGENT)
+        finally:
+            self.engine.stats.consumer_wait_seconds += time.monotonic() - began
+            self.engine.stats.consumer_waits += 1
+
+    async def _prefetch(self) -> None:
+        engine = self.engine
+        cache = engine.cache
+        limit = max(2, engine.config.concurrency * 2)  # blob jobs in flight for this plan
+        in_flight: dict[int, asyncio.Task] = {}
+        next_pos = 0
+        try:
+            while True:
+                self._moved.clear()
+                next_pos = max(next_pos, self.cursor)
+                end = self.window_end()
+                while next_pos < end and len(in_flight) < limit:
+                    ref = self.ref(next_pos)
+                    if cache.state(ref.digest) is not BlobState.COMPLETE:
+                        in_flight[next_pos] = asyncio.create_task(
+                            engine.ensure(ref, priority=float(next_pos - self.cursor)))
+                    next_pos += 1
+                if next_pos >= len(self.order) and not in_flight:
+                    return
+                waiters = {asyncio.ensure_future(self._moved.wait()), *in_flight.values()}
+                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for w in waiters:
+                    if w not in in_flight.values() and not w.done():
+                        w.cancel()
+                for pos, task in list(in_flight.items()):
+                    if not task.done():
+                        continue
+                    del in_flight[pos]
+                    error = task.exception()
+                    if isinstance(error, CacheFull) and pos >= self.cursor:
+                        engine.stats.cache_full_waits += 1
+                        next_pos = min(next_pos, pos)  # retry once the consumer frees room
+                        await self._wait_moved(timeout=1.0)
+                    elif error is not None:
+                        self.last_error = error
+                        log.warning("prefetch of %s failed (the consumer will retry it): %s",
+                                    self.ref(pos).path, error)
+        finally:
+            for task in in_flight.values():
+                task.cancel()
+
+    async def _wait_moved(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await self._moved.wait()
+        except TimeoutError:
+            pass
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self.engine.forget_plan(self)

@@ -1,0 +1,28 @@
+"""The engine's counters: what it fetched, verified, hedged and waited for.
+
+Plain integers and floats updated on the event loop; the daemon exports them
+to Prometheus and ``stage``/``stats()`` print them. Origin-side counters
+(requests by outcome, retries) live in the store's ``OriginStats``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True)
+class EngineStats:
+    bytes_fetched: int = 0  # verified bytes written to the cache from the origin
+    blocks_fetched: int = 0
+    blobs_completed: int = 0  # blobs this engine committed
+    blobs_already_cached: int = 0  # asked for, found complete
+    blobs_from_other_process: int = 0  # completed by another process sharing the cache while we waited
+    hedged_requests: int = 0
+    hedges_won: int = 0
+    verify_failures: int = 0  # blocks whose bytes did not match their digest (then retried)
+    consumer_wait_seconds: float = 0.0  # time consumers spent blocked on a blob or block
+    consumer_waits: int = 0
+    cache_full_waits: int = 0  # prefetches that waited for room
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
