@@ -1,0 +1,104 @@
+"""The ``stager`` command line (click).
+
+Settings come from, highest first: flags, ``STAGER_*`` environment variables
+(each option names its variable in ``--help``), then a TOML file given by
+``--config`` or ``STAGER_CONFIG``. In that file, top-level keys apply to every
+command that has an option of that name, and a ``[command]`` table applies to
+one command only::
+
+    cache = "/nvme/stager"
+    capacity = "80%"
+    [storage_options]
+    endpoint_url = "http://127.0.0.1:9000"
+    [stage]
+    concurrency = 32
+
+A :class:`~stager.errors.StagerError` ends the command with one line on stderr
+and exit status 1; a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..config import load_toml
+from ..errors import StagerError
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def _default_map(config: dict[str, Any], commands: dict[str, click.Command]) -> dict[str, dict[str, Any]]:
+    """Turn the TOML layout (shared top-level keys, per-command tables) into click's default_map."""
+    shared = {k: v for k, v in config.items() if not isinstance(v, dict) or k == "storage_options"}
+    result: dict[str, dict[str, Any]] = {}
+    for name, command in commands.items():
+        params = {p.name for p in command.params}
+        merged = {**shared, **config.get(name, {})}
+        values: dict[str, Any] = {}
+        for key, value in merged.items():
+            key = key.replace("-", "_")
+            if key == "storage_options" and "storage_option" in params and isinstance(value, dict):
+                values["storage_option"] = [f"{k}={v}" for k, v in value.items()]
+            elif key in params:
+                values[key] = value
+        result[name] = values
+    return result
+
+
+class StagerGroup(click.Group):
+    """A click group that loads the TOML config before parsing subcommand options."""
+
+    def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
+        config_path = _find_config_path(args)
+        if config_path:
+            extra["default_map"] = _default_map(load_toml(config_path), self.commands)
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+
+def _find_config_path(args: list[str]) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return os.environ.get("STAGER_CONFIG") or None
+
+
+@click.group(cls=StagerGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="stager")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="STAGER_CONFIG",
+              help="TOML config file (flags and STAGER_* variables take precedence).")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def cli(config_path: str | None, verbose: int) -> None:
+    """stager: pre-stage tokenized shards into a node-local cache, verified, ahead of training."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI, turning stager errors into one line and a non-zero exit."""
+    from . import commands  # noqa: F401  (registers the subcommands)
+
+    try:
+        cli.main(args=argv, prog_name="stager", standalone_mode=False)
+    except StagerError as exc:
+        click.echo(f"stager: error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    except click.exceptions.Abort:
+        click.echo("stager: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+        click.echo("stager: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)

@@ -1,0 +1,64 @@
+"""``stager index SOURCE``: hash every shard and write the manifest beside the data."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from ..config import DEFAULT_BLOCK_SIZE
+from ..manifest import MANIFEST_PATH, load_manifest, save_manifest
+from ..manifest.build import TOKEN_DTYPES, IndexConfig, build_manifest
+from ..store import open_store
+from . import cli
+from .options import SIZE, source_config, storage_option_flag
+from .progress import byte_progress, run_async
+
+
+@cli.command("index")
+@click.argument("source")
+@storage_option_flag()
+@click.option("--block-size", type=SIZE, default=DEFAULT_BLOCK_SIZE, envvar="STAGER_BLOCK_SIZE", show_default="8MiB",
+              help="Block size for per-block digests (the unit of verification and of ranged reads).")
+@click.option("--include", multiple=True, metavar="GLOB", help="Only paths matching a glob (repeatable).")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out paths matching a glob (repeatable).")
+@click.option("--dtype", type=click.Choice(TOKEN_DTYPES + ("none",)), default="uint16", show_default=True,
+              help="Token dtype of flat .bin shards ('none': .bin files are not token shards).")
+@click.option("--token-column", default="tokens", show_default=True, help="List column holding tokens in Parquet shards.")
+@click.option("--concurrency", type=click.IntRange(1, 1024), default=16, envvar="STAGER_CONCURRENCY",
+              show_default=True, help="Block reads in flight.")
+@click.option("--dry-run", is_flag=True, help="Hash and summarise, but do not write the manifest.")
+@click.option("--check", is_flag=True, help="Only load and validate the existing manifest, and summarise it.")
+def index_command(source: str, storage_option: tuple[str, ...], block_size: int, include: tuple[str, ...],
+                  exclude: tuple[str, ...], dtype: str, token_column: str, concurrency: int, dry_run: bool,
+                  check: bool) -> None:
+    """Hash every file under SOURCE and write SOURCE/.stager/manifest.parquet atomically.
+
+    SOURCE is any fsspec URL (s3://bucket/prefix, gs://..., file:///path) or a local path.
+    """
+    config = IndexConfig(block_size=block_size, include=include, exclude=exclude,
+                         bin_dtype=None if dtype == "none" else dtype, token_column=token_column,
+                         concurrency=concurrency)
+
+    async def run() -> None:
+        store = open_store(source_config(source, storage_option), concurrency=concurrency)
+        if check:
+            try:
+                manifest = await load_manifest(store)
+            finally:
+                await store.close()
+            tokens = int(manifest.tokens[manifest.tokens > 0].sum())
+            click.echo(f"{store.url.rstrip('/')}/{MANIFEST_PATH}: valid, {len(manifest)} files, "
+                       f"{manifest.total_bytes:,} bytes, {tokens:,} tokens, blocks of {manifest.block_size:,} bytes")
+            return
+        try:
+            with byte_progress("hashing") as progress:
+                manifest = await build_manifest(store, config, on_listed=progress.set_total, on_bytes=progress.advance)
+            if not dry_run:
+                await save_manifest(store, manifest)
+        finally:
+            await store.close()
+        where = "not written (dry run)" if dry_run else f"{store.url.rstrip('/')}/{MANIFEST_PATH}"
+        click.echo(f"indexed {len(manifest)} files, {manifest.total_bytes:,} bytes; manifest {where}")
+
+    run_async(run())
