@@ -1,0 +1,5 @@
+"""``python -m stager``: the same as the ``stager`` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,35 @@
+"""Running the real ``stager`` command in a subprocess, as users do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Mapping, Sequence
+
+STAGER = [sys.executable, "-m", "stager"]
+
+
+def run(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 120,
+        check: bool = False) -> subprocess.CompletedProcess:
+    result = subprocess.run([*STAGER, *args], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    if check and result.returncode != 0:
+        raise AssertionError(f"stager {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
+    return result
+
+
+def start(args: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([*STAGER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Non-zero exit, one line on stderr starting with 'stager: error:', no traceback."""
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("stager: error: "), lines[0]
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]

@@ -1,0 +1,123 @@
+"""``stager stage`` as a real process: SIGKILL at random points, two processes at once, summaries."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+
+from stager.cache import BlobState, CacheTier
+from stager.config import CacheConfig
+from stager.manifest import MANIFEST_PATH
+from tests.engine.corpus import BLOCK, assert_cache_matches, make_corpus
+from stager.testing.fault_plan import FaultPlan
+
+from .runner import assert_one_line_error, run, start
+
+CONCURRENCY = 4
+
+
+def shard_bytes_served(origin) -> int:
+    """Bytes of shard bodies the origin sent (ranges of 206 answers), manifest reads left out."""
+    total = 0
+    for record in origin.requests:
+        if record.method == "GET" and record.status == 206 and MANIFEST_PATH not in record.path:
+            start, end = record.range.removeprefix("bytes=").split("-")
+            total += int(end) - int(start) + 1
+    return total
+
+
+def stage_args(url, cache, *extra):
+    return ["stage", url, "--cache", str(cache), "--capacity", "200MB", "--concurrency", str(CONCURRENCY),
+            "--no-hedge", "--json", *extra]
+
+
+def test_sigkill_at_random_points_then_restart_completes_without_refetching(http_origin, fault_proxy, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=40, tokens=160_000)  # ~13 MB, 5 blocks/shard
+    proxy = fault_proxy(http_origin, FaultPlan(bandwidth_bps=1_000_000))  # ~13 s for a full run: 20+ kills fit
+    url = f"{proxy.url}/corpus"
+    rng = random.Random(20261129)
+    kills = 0
+    for _ in range(22):
+        proc = start(stage_args(url, tmp_path / "cache"))
+        time.sleep(rng.uniform(0.6, 1.6))  # start-up is ~0.5-1 s: kills land before, during and between blocks
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        kills += 1
+        with CacheTier(CacheConfig(tmp_path / "cache", capacity=200 << 20)) as cache:  # consistent after each kill
+            for entry in manifest:
+                if cache.state(entry.digest) is BlobState.COMPLETE:
+                    assert cache.complete_path(entry.digest).read_bytes() == (
+                        http_origin.root / "corpus" / entry.path).read_bytes()
+    assert kills >= 20
+    result = run(stage_args(url, tmp_path / "cache"), timeout=120)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["failed"] == 0 and summary["blobs"] == len(manifest)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=200 << 20)) as cache:
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+    refetched = shard_bytes_served(http_origin) - manifest.total_bytes
+    in_flight_bound = kills * CONCURRENCY * BLOCK
+    assert 0 <= refetched <= in_flight_bound, (refetched, in_flight_bound)
+
+
+def test_two_processes_on_one_cache_fetch_each_blob_once(http_origin, fault_proxy, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=16)
+    proxy = fault_proxy(http_origin, FaultPlan(bandwidth_bps=4_000_000))
+    url = f"{proxy.url}/corpus"
+    procs = [start(stage_args(url, tmp_path / "cache")) for _ in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err
+    summaries = [json.loads(out) for out, _ in outputs]
+    assert sum(s["fetched_bytes"] for s in summaries) == manifest.total_bytes
+    assert shard_bytes_served(http_origin) == manifest.total_bytes
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=200 << 20)) as cache:
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+
+
+def test_second_run_fetches_nothing_and_status_and_verify_report(http_origin, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=4)
+    url = f"{http_origin.url}/corpus"
+    first = json.loads(run(stage_args(url, tmp_path / "cache"), check=True).stdout)
+    assert first["fetched_bytes"] == manifest.total_bytes
+    second = json.loads(run(stage_args(url, tmp_path / "cache"), check=True).stdout)
+    assert second["fetched_bytes"] == 0 and second["cached_bytes"] == manifest.total_bytes
+    status = json.loads(run(["status", "--cache", str(tmp_path / "cache"), "--json"], check=True).stdout)
+    assert status["complete_blobs"] == 4 and status["datasets"][0]["complete"] == 4
+    # corrupt one cached blob on disk: verify finds it, drops it, and the next stage fetches it again
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=200 << 20)) as cache:
+        victim = cache.complete_path(manifest.digest(2))
+    victim.chmod(0o644)
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 1
+    victim.write_bytes(bytes(data))
+    result = run(["verify", "--cache", str(tmp_path / "cache"), "--json"])
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert [bad["digest"] for bad in report["bad"]] == [manifest.digest(2)]
+    third = json.loads(run(stage_args(url, tmp_path / "cache"), check=True).stdout)
+    assert third["fetched_bytes"] == manifest.sizes[2]
+    assert run(["verify", "--cache", str(tmp_path / "cache")]).returncode == 0
+
+
+def test_origin_down_exits_non_zero_naming_the_shard(http_origin, fault_proxy, tmp_path):
+    make_corpus(http_origin.root / "corpus", shards=2)
+    proxy = fault_proxy(http_origin, FaultPlan(slowdown_p=1.0, path_contains="shard-"))  # shards only: the manifest loads
+    result = run(stage_args(f"{proxy.url}/corpus", tmp_path / "cache", "--retry-deadline", "2"), timeout=60)
+    assert result.returncode == 1
+    assert "could not be staged" in result.stderr and "shard-0000" in result.stderr
+
+
+def test_dataset_larger_than_the_cache_is_refused_up_front(http_origin, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=4)
+    result = run(["stage", f"{http_origin.url}/corpus", "--cache", str(tmp_path / "cache"),
+                  "--capacity", str(manifest.total_bytes // 2)])
+    assert_one_line_error(result, "do not fit", "--limit")
+    limited = run(["stage", f"{http_origin.url}/corpus", "--cache", str(tmp_path / "cache"),
+                   "--capacity", str(manifest.total_bytes // 2), "--limit", str(manifest.total_bytes // 3), "--json"])
+    assert limited.returncode == 0, limited.stderr
+    assert 1 <= json.loads(limited.stdout)["blobs"] < 4

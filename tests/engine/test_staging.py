@@ -1,0 +1,170 @@
+"""The engine against real origins: faults retried, nothing corrupt committed, clear failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from stager.cache import BlobState, CacheTier
+from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
+from stager.engine import Engine
+from stager.errors import AccessDenied, OriginChanged, OriginUnavailable, ShardNotFound
+from stager.testing.fault_plan import FaultPlan
+
+from .corpus import BLOCK, assert_cache_matches, make_corpus
+
+FAST_RETRY = RetryConfig(attempts=50, backoff_base=0.01, backoff_max=0.1, deadline=30, request_timeout=5)
+
+
+def fetch_config(**kw) -> FetchConfig:
+    return FetchConfig(**{"concurrency": 8, "retry": FAST_RETRY, "durable": False, **kw})
+
+
+async def stage_all(engine: Engine, source: SourceConfig):
+    dataset = await engine.open_dataset(source)
+    await asyncio.gather(*(engine.ensure(dataset.ref(i)) for i in range(len(dataset.manifest))))
+    return dataset
+
+
+FAULTS = {
+    "slowdown": FaultPlan(slowdown_p=0.3),
+    "error500": FaultPlan(error500_p=0.3),
+    "reset": FaultPlan(reset_p=0.3),
+    "truncate": FaultPlan(truncate_p=0.3),
+    "flip": FaultPlan(flip_p=0.3),
+    "ignore_range": FaultPlan(ignore_range_p=0.3),
+    "spike": FaultPlan(spike_p=0.2, spike_s=0.3),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+async def test_every_fault_kind_is_survived_and_nothing_corrupt_is_committed(kind, s3_bucket, fault_proxy, tmp_path):
+    manifest = make_corpus(s3_bucket.path / "corpus")
+    proxy = fault_proxy(s3_bucket, FAULTS[kind], seed=7)
+    source = SourceConfig(f"{s3_bucket.url}/corpus", s3_bucket.storage_options(proxy.url))
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            await asyncio.wait_for(stage_all(engine, source), 60)
+            stats = engine.stats
+        assert proxy.faults.get(kind, 0) > 0, "the fault was never injected"
+        assert_cache_matches(cache, manifest, s3_bucket.path / "corpus")
+        if kind == "flip":
+            assert stats.verify_failures > 0  # corrupt bodies were caught by the digest check
+
+
+async def test_all_faults_at_once_through_http_origin(http_origin, fault_proxy, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=8)
+    plan = FaultPlan(latency_s=0.001, slowdown_p=0.08, error500_p=0.06, reset_p=0.06, truncate_p=0.06,
+                     flip_p=0.08, ignore_range_p=0.04, spike_p=0.03, spike_s=0.2)
+    proxy = fault_proxy(http_origin, plan, seed=3)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            await asyncio.wait_for(stage_all(engine, SourceConfig(f"{proxy.url}/corpus")), 60)
+        assert sum(proxy.faults.values()) >= 5
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+
+
+async def test_origin_that_stays_down_fails_in_bounded_time_naming_the_shard(http_origin, fault_proxy, tmp_path):
+    make_corpus(http_origin.root / "corpus", shards=2)
+    proxy = fault_proxy(http_origin)
+    retry = RetryConfig(attempts=100, backoff_base=0.01, backoff_max=0.2, deadline=2.0, request_timeout=1.0)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(retry=retry)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            proxy.set_down(True)
+            began = time.monotonic()
+            with pytest.raises(OriginUnavailable) as info:
+                await asyncio.wait_for(engine.ensure(dataset.ref(0)), 30)
+            assert time.monotonic() - began < 10
+            assert dataset.manifest.paths[0] in str(info.value)
+            assert "503" in str(info.value) or "SlowDown" in str(info.value) or "throttl" in str(info.value).lower()
+        assert cache.state(dataset.manifest.digest(0)) is not BlobState.COMPLETE
+
+
+async def test_missing_shard_fails_fast_without_retries(http_origin, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=2)
+    (http_origin.root / "corpus" / manifest.paths[1]).unlink()
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{http_origin.url}/corpus"))
+            with pytest.raises(ShardNotFound, match=manifest.paths[1]):
+                await asyncio.wait_for(engine.ensure(dataset.ref(1)), 10)
+            assert engine.origin_stats.retries == 0
+
+
+async def test_wrong_credentials_fail_fast_as_access_denied(s3_bucket, tmp_path):
+    make_corpus(s3_bucket.path / "corpus", shards=1)
+    options = {**s3_bucket.storage_options(), "secret": "wrong-secret-0123456789"}
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            began = time.monotonic()
+            with pytest.raises(AccessDenied):
+                await asyncio.wait_for(engine.open_dataset(SourceConfig(f"{s3_bucket.url}/corpus", options)), 10)
+            assert time.monotonic() - began < 5
+
+
+async def test_origin_bytes_that_differ_from_the_manifest_are_reported_not_retried_forever(http_origin, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=2)
+    shard = http_origin.root / "corpus" / manifest.paths[0]
+    data = bytearray(shard.read_bytes())
+    data[BLOCK + 10] ^= 0x55  # the origin changed after indexing: same size, other bytes
+    shard.write_bytes(bytes(data))
+    retry = RetryConfig(attempts=4, backoff_base=0.01, backoff_max=0.05, deadline=10, request_timeout=2)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(retry=retry)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{http_origin.url}/corpus"))
+            with pytest.raises(OriginChanged, match=manifest.paths[0]):
+                await asyncio.wait_for(engine.ensure(dataset.ref(0)), 20)
+            record = cache.record(manifest.digest(0))
+            assert record is None or 1 not in record.verified  # the bad block was never recorded
+            # the other blocks of that shard were verified and stay, the other shard is unaffected
+            await engine.ensure(dataset.ref(1))
+
+
+async def test_dataset_four_times_the_cache_streams_through_it(http_origin, fault_proxy, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=16, tokens=100_000)
+    proxy = fault_proxy(http_origin)
+    capacity = manifest.total_bytes // 4
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=capacity)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            plan = engine.plan(dataset, name="consumer")
+            for position in range(len(plan)):
+                path = await asyncio.wait_for(plan.ready(position), 30)
+                assert path.read_bytes() == (http_origin.root / "corpus" / plan.ref(position).path).read_bytes()
+                plan.advance(position + 1)
+                assert cache.usage().used <= capacity
+            await plan.close()
+        # every byte crossed the link about once: streaming did not thrash
+        assert proxy.bytes_forwarded < manifest.total_bytes * 1.5
+
+
+async def test_a_straggling_request_is_hedged(http_origin, fault_proxy, tmp_path):
+    make_corpus(http_origin.root / "corpus", shards=12, tokens=70_000)
+    proxy = fault_proxy(http_origin, FaultPlan(spike_p=0.0, spike_s=3.0), seed=1)
+    config = fetch_config(concurrency=4, hedge_min_delay=0.05)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, config) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            for i in range(6):  # warm up the latency tracker on a healthy origin
+                await engine.ensure(dataset.ref(i))
+            proxy.update(spike_p=0.3)
+            began = time.monotonic()
+            await asyncio.wait_for(asyncio.gather(*(engine.ensure(dataset.ref(i)) for i in range(6, 12))), 60)
+            elapsed = time.monotonic() - began
+            assert engine.stats.hedged_requests > 0 and engine.stats.hedges_won > 0
+            assert elapsed < 3.0 * 2  # without hedging, serial 3 s spikes would pile up
+
+
+async def test_many_waiters_share_one_fetch(http_origin, fault_proxy, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=1)
+    proxy = fault_proxy(http_origin)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            before = proxy.bytes_forwarded
+            paths = await asyncio.gather(*(engine.ensure(dataset.ref(0)) for _ in range(20)))
+            assert len(set(paths)) == 1
+            assert proxy.bytes_forwarded - before == manifest.total_bytes
