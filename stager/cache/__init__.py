@@ -1,0 +1,71 @@
+"""The node-local cache tier: verified blobs on local disk, safe against kill -9 at any point.
+
+A blob (a shard's bytes, named by its xxh3-128 digest) is ABSENT, PARTIAL or
+COMPLETE. On disk (see ``layout.py``)::
+
+    CACHE/stager-cache.toml       format name and version; an unknown version is refused
+    CACHE/index.sqlite            the index (WAL): rows per blob, verified blocks, pins, holds, datasets
+    CACHE/blobs/ab/abcdef...      COMPLETE blobs: read-only, every block verified
+    CACHE/partial/<digest>.<gen>  PARTIAL blobs: sparse files of full size, filled block by block
+    CACHE/locks/<digest>.lock     per-blob flock files (one fetcher per blob across processes)
+
+How a blob gets there. ``begin`` reserves the blob's size against the capacity
+and creates the sparse partial file, both inside one ``BEGIN IMMEDIATE``
+transaction of the index, which is also the cross-process lock for every
+capacity decision. ``write_block`` pwrites a block the engine has verified,
+fdatasyncs it, and only then records it as verified. ``commit`` fsyncs the
+file, makes it read-only and renames it into ``blobs/`` (then fsyncs that
+directory) inside the transaction that marks the blob complete. Eviction and
+removal unlink the file inside the transaction that drops the row; a reader
+that already opened or mapped the file keeps reading it (POSIX).
+
+Why a crash at any point leaves a consistent cache:
+
+- a file under ``blobs/`` only ever appears by renaming a partial file whose
+  every block was verified and fsynced, so it is complete and correct;
+- a block is recorded only after its bytes are on disk, so the index never
+  claims a byte that is not there (blocks written with ``durable=False`` are
+  safe against a process crash; after a reboot they are forgotten and fetched
+  again, recognised by the boot id recorded with them);
+- the partial file's name carries a random generation also kept in its row,
+  so a row can never describe a newer file of the same digest;
+- each transition (file system change + index change) happens under the
+  index's write lock, and start-up reconciliation (``reconcile.py``, stat
+  only) repairs the one gap a crash can leave in any transition: a row
+  without its file is dropped, a file without its row is removed, a partial
+  row whose file was already renamed into ``blobs/`` is promoted. A power loss
+  with ``synchronous=NORMAL`` only loses the latest index transactions, which
+  lands in one of the same cases.
+
+Across processes: the index is shared through sqlite's own locking, blob
+fetches exclude each other through flock (released by the kernel when a
+holder dies), and holds protecting a process's prefetch window are ignored
+once that process is dead (pid + start time + boot id). Within a process,
+every method is thread-safe (the async engine runs the slow ones in a thread
+pool). A ``CacheTier`` must not cross a ``fork()``: each process (a data
+loader worker too) opens its own, with ``reconcile=False`` if another process
+of the job already reconciled.
+"""
+
+from .blob_index import SCHEMA_VERSION
+from .layout import FORMAT_VERSION
+from .locks import BlobLock
+from .partial import PartialBlob
+from .reconcile import ReconcileReport
+from .records import BadBlob, BlobRecord, BlobState, CacheUsage, DatasetSummary, VerifyReport
+from .tier import CacheTier
+
+__all__ = [
+    "FORMAT_VERSION",
+    "SCHEMA_VERSION",
+    "BadBlob",
+    "BlobLock",
+    "BlobRecord",
+    "BlobState",
+    "CacheTier",
+    "CacheUsage",
+    "DatasetSummary",
+    "PartialBlob",
+    "ReconcileReport",
+    "VerifyReport",
+]

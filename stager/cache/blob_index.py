@@ -1,0 +1,558 @@
+"""The blob index: one sqlite database (WAL) that every process sharing the cache writes.
+
+It records, per blob, its geometry and expected block digests, its state, the
+partial file's generation, which blocks of a partial blob are verified on
+disk, and what the blob costs against the capacity; plus a running total of
+that cost, pins, holds (with their owning process), consumption marks and
+dataset membership.
+
+Every change of more than one statement runs in a ``BEGIN IMMEDIATE``
+transaction (single statements, like recording a verified block, commit on
+their own). That transaction is the cross-process write lock: the tier also
+performs a blob's file-system transition (create, rename, unlink) inside the
+transaction that records it, so no other process can observe one without
+the other. ``synchronous=NORMAL``
+is enough: a process crash loses nothing committed, and a power loss can only
+lose the latest transactions, which at worst forgets verified blocks (they
+are fetched again) or leaves a state the start-up reconciliation repairs
+(see the package docstring). One writing connection per tier, shared by
+threads under a re-entrant lock, plus a reading connection per thread;
+statements take microseconds, slow I/O happens outside transactions.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import threading
+import time
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CacheError
+from .fileio import sqlite_error
+from .records import BlobState, DatasetSummary
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
+    """CREATE TABLE blobs (
+        digest TEXT PRIMARY KEY,
+        state INTEGER NOT NULL,          -- 1 partial, 2 complete
+        size INTEGER NOT NULL,
+        block_size INTEGER NOT NULL,
+        block_digests BLOB NOT NULL,     -- xxh3-64 per block, little-endian uint64
+        gen TEXT NOT NULL,               -- suffix of the partial file's name
+        charged INTEGER NOT NULL,        -- bytes counted against the capacity
+        last_access REAL NOT NULL,
+        consumed TEXT,                   -- token of the last mark_consumed()
+        volatile_boot TEXT               -- boot id, if blocks were recorded without fdatasync
+    )""",
+    "CREATE INDEX blobs_state ON blobs(state)",
+    "CREATE TABLE verified_blocks (digest TEXT NOT NULL, idx INTEGER NOT NULL, "
+    "PRIMARY KEY (digest, idx)) WITHOUT ROWID",
+    "CREATE TABLE pins (digest TEXT PRIMARY KEY) WITHOUT ROWID",
+    "CREATE TABLE owners (owner TEXT PRIMARY KEY, pid INTEGER NOT NULL, start INTEGER NOT NULL, "
+    "boot TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE holds (owner TEXT NOT NULL, digest TEXT NOT NULL, PRIMARY KEY (owner, digest)) WITHOUT ROWID",
+    "CREATE INDEX holds_digest ON holds(digest)",
+    # One registration appends its members as one run of rowids [first_row, last_row] to a table
+    # without any index: a million rows go in at sqlite's best speed, and a dataset's members are
+    # read or dropped as a rowid range. The caller deduplicates digests.
+    "CREATE TABLE datasets (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, registered REAL NOT NULL, "
+    "fingerprint TEXT NOT NULL, first_row INTEGER NOT NULL, last_row INTEGER NOT NULL)",
+    "CREATE TABLE dataset_blobs (dataset INTEGER NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL)",
+    "INSERT INTO meta (key, value) VALUES ('used', 0)",
+)
+
+_ROW_COLUMNS = "digest, state, size, block_size, block_digests, gen, charged, last_access, consumed, volatile_boot"
+
+
+def pack_block_digests(digests: Sequence[int]) -> bytes:
+    """The block digests as little-endian uint64s.
+
+    Raises:
+        ValueError: a digest is not an unsigned 64-bit integer.
+    """
+    try:
+        arr = array("Q", digests)
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"block digests must be unsigned 64-bit integers: {exc}") from exc
+    if sys.byteorder == "big":  # pragma: no cover - no big-endian machines in CI
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack_block_digests(data: bytes) -> array:
+    arr = array("Q")
+    arr.frombytes(data)
+    if sys.byteorder == "big":  # pragma: no cover
+        arr.byteswap()
+    return arr
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRow:
+    """One row of the ``blobs`` table."""
+
+    digest: str
+    state: BlobState
+    size: int
+    block_size: int
+    block_digests: bytes
+    gen: str
+    charged: int
+    last_access: float
+    consumed: str | None
+    volatile_boot: str | None
+
+    @property
+    def block_count(self) -> int:
+        return len(self.block_digests) // 8
+
+    @classmethod
+    def from_sql(cls, r: tuple) -> "BlobRow":
+        return cls(r[0], BlobState(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9])
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What eviction needs to know about a blob."""
+
+    digest: str
+    gen: str
+    charged: int
+    last_access: float
+    consumed: str | None
+
+
+class BlobIndex:
+    """The sqlite index of one cache directory, safe to share between threads.
+
+    One connection writes, shared by the threads under a re-entrant lock
+    (sqlite has one writer at a time anyway). Reads outside a transaction go
+    through a connection per thread, so a lookup (``state()`` on the event
+    loop) never waits behind another thread's transaction: WAL readers do not
+    block on writers.
+    """
+
+    def __init__(self, path: Path, *, busy_timeout: float = 60.0) -> None:
+        self.path = path
+        self._busy_timeout = busy_timeout
+        self._lock = threading.RLock()
+        self._tx_thread: int | None = None  # the thread inside write(), if any
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        try:
+            self._conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
+                                         check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc, f"{path}: cannot open the cache index") from exc
+        try:
+            mode = self._enable_wal(busy_timeout)
+            if str(mode).lower() != "wal":
+                raise CacheError(f"{path}: the cache index cannot use WAL journaling (got {mode!r}); "
+                                 "put the cache on a local file system")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._init_schema()
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise sqlite_error(exc, f"{path}: cannot open the cache index") from exc
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _enable_wal(self, busy_timeout: float) -> str:
+        """Switch a new database to WAL (a no-op once done: the mode is stored in the file).
+
+        Switching needs an exclusive lock, and sqlite answers SQLITE_BUSY at once,
+        without its busy handler, when another connection holds a shared lock
+        meanwhile (several processes creating the cache together): retry.
+        """
+        deadline = time.monotonic() + busy_timeout
+        delay = 0.001
+        while True:
+            try:
+                mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() == "wal":
+                    return mode
+                return self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            except sqlite3.OperationalError as exc:
+                code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+                if code not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _init_schema(self) -> None:
+        with self.write():
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                for statement in _SCHEMA:
+                    self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise CacheError(f"{self.path}: cache index schema version {version} is not supported by this "
+                                 f"stager (it knows version {SCHEMA_VERSION}); use a matching stager or "
+                                 "another cache directory")
+
+    # -- transactions -------------------------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        """A write transaction (``BEGIN IMMEDIATE``: waits for other processes' writers).
+
+        Nested uses join the outer transaction. Everything the block does with
+        this index commits or rolls back as one.
+
+        Raises:
+            CacheFull: the disk holding the index is full.
+            CacheError: the index stayed locked too long, or another sqlite error.
+        """
+        with self._lock:
+            if self._tx_thread is not None:  # only this thread can be in it: it holds the lock
+                yield
+                return
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise sqlite_error(exc, "starting a cache index transaction") from exc
+            self._tx_thread = threading.get_ident()
+            try:
+                yield
+            except BaseException:
+                self._tx_thread = None
+                self._rollback()
+                raise
+            self._tx_thread = None
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise sqlite_error(exc, "committing a cache index transaction") from exc
+
+    def _rollback(self) -> None:
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # no transaction left to roll back (sqlite already did, e.g. on SQLITE_FULL)
+
+    def _exec(self, sql: str, params: Sequence | dict = ()) -> sqlite3.Cursor:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params)
+            except sqlite3.Error as exc:
+                raise sqlite_error(exc, "using the cache index") from exc
+
+    def _reader(self) -> sqlite3.Connection | None:
+        """This thread's read connection, or None inside this thread's write transaction
+        (which must read through the writer to see its own changes)."""
+        if self._tx_thread == threading.get_ident():
+            return None
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA query_only = ON")
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def _all(self, sql: str, params: Sequence = ()) -> list[tuple]:
+        try:
+            reader = self._reader()
+            if reader is not None:
+                return reader.execute(sql, params).fetchall()
+            with self._lock:
+                return self._conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc, "reading the cache index") from exc
+
+    def _one(self, sql: str, params: Sequence = ()) -> tuple | None:
+        try:
+            reader = self._reader()
+            if reader is not None:
+                return reader.execute(sql, params).fetchone()
+            with self._lock:
+                return self._conn.execute(sql, params).fetchone()
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc, "reading the cache index") from exc
+
+    def _many(self, sql: str, rows: Iterable[Sequence]) -> int:
+        with self._lock:
+            try:
+                return self._conn.executemany(sql, rows).rowcount
+            except sqlite3.Error as exc:
+                raise sqlite_error(exc, "writing the cache index") from exc
+
+    def close(self) -> None:
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            conn.close()
+        with self._lock:
+            try:
+                self._conn.execute("PRAGMA optimize")
+            except sqlite3.Error:
+                pass
+            self._conn.close()
+
+    # -- blobs --------------------------------------------------------------------------------
+
+    def get(self, digest: str) -> BlobRow | None:
+        r = self._one(f"SELECT {_ROW_COLUMNS} FROM blobs WHERE digest = ?", (digest,))
+        return BlobRow.from_sql(r) if r else None
+
+    def state(self, digest: str) -> BlobState:
+        r = self._one("SELECT state FROM blobs WHERE digest = ?", (digest,))
+        return BlobState(r[0]) if r else BlobState.ABSENT
+
+    def sizes_with_prefix(self, prefix: str) -> dict[str, tuple[int, int, int, str, float]]:
+        """``digest -> (state, size, charged, gen, last_access)`` for digests starting with ``prefix``.
+
+        Plain tuples, not :class:`BlobRow`: start-up scans go over every row.
+        'g' sorts after every hex digit, so ``[prefix, prefix + 'g')`` holds
+        exactly the digests that start with ``prefix``.
+        """
+        return {r[0]: r[1:] for r in self._all(
+            "SELECT digest, state, size, charged, gen, last_access FROM blobs WHERE digest >= ? AND digest < ?",
+            (prefix, prefix + "g"))}
+
+    def rows_in_state(self, state: BlobState) -> list[BlobRow]:
+        return [BlobRow.from_sql(r) for r in self._all(
+            f"SELECT {_ROW_COLUMNS} FROM blobs WHERE state = ?", (int(state),))]
+
+    def page(self, after: str, limit: int) -> list[BlobRow]:
+        """Rows in digest order after ``after`` (keyset pagination for long scans)."""
+        return [BlobRow.from_sql(r) for r in self._all(
+            f"SELECT {_ROW_COLUMNS} FROM blobs WHERE digest > ? ORDER BY digest LIMIT ?", (after, limit))]
+
+    def insert_partial(self, digest: str, size: int, block_size: int, block_digests: bytes, gen: str,
+                       charged: int, now: float) -> None:
+        with self.write():
+            self._exec("INSERT INTO blobs (digest, state, size, block_size, block_digests, gen, charged, "
+                       "last_access) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (digest, int(BlobState.PARTIAL), size, block_size, block_digests, gen, charged, now))
+            self._add_used(charged)
+
+    def restart_partial(self, digest: str, gen: str) -> None:
+        """A partial blob starts over in a new file: new generation, no verified block."""
+        with self.write():
+            self._exec("UPDATE blobs SET gen = ?, volatile_boot = NULL WHERE digest = ?", (gen, digest))
+            self._exec("DELETE FROM verified_blocks WHERE digest = ?", (digest,))
+
+    def delete_blob(self, digest: str) -> int:
+        """Drop a blob's row and block records; returns the bytes it was charged."""
+        with self.write():
+            r = self._one("SELECT charged FROM blobs WHERE digest = ?", (digest,))
+            if r is None:
+                return 0
+            self._exec("DELETE FROM blobs WHERE digest = ?", (digest,))
+            self._exec("DELETE FROM verified_blocks WHERE digest = ?", (digest,))
+            self._add_used(-r[0])
+            return int(r[0])
+
+    def mark_complete(self, digest: str, charged: int, now: float) -> None:
+        with self.write():
+            r = self._one("SELECT charged FROM blobs WHERE digest = ?", (digest,))
+            if r is None:
+                return
+            self._exec("UPDATE blobs SET state = ?, charged = ?, last_access = ?, volatile_boot = NULL "
+                       "WHERE digest = ?", (int(BlobState.COMPLETE), charged, now, digest))
+            self._exec("DELETE FROM verified_blocks WHERE digest = ?", (digest,))
+            self._add_used(charged - r[0])
+
+    def set_charged(self, digest: str, charged: int) -> None:
+        with self.write():
+            r = self._one("SELECT charged FROM blobs WHERE digest = ?", (digest,))
+            if r is not None and r[0] != charged:
+                self._exec("UPDATE blobs SET charged = ? WHERE digest = ?", (charged, digest))
+                self._add_used(charged - r[0])
+
+    # -- verified blocks ----------------------------------------------------------------------
+
+    def verified(self, digest: str) -> set[int]:
+        return {r[0] for r in self._all("SELECT idx FROM verified_blocks WHERE digest = ?", (digest,))}
+
+    def verified_count(self, digest: str) -> int:
+        return int(self._one("SELECT COUNT(*) FROM verified_blocks WHERE digest = ?", (digest,))[0])
+
+    def is_verified(self, digest: str, gen: str, index: int) -> bool:
+        return self._one("SELECT 1 FROM verified_blocks v JOIN blobs b ON b.digest = v.digest "
+                         "WHERE v.digest = ? AND v.idx = ? AND b.gen = ? AND b.state = ?",
+                         (digest, index, gen, int(BlobState.PARTIAL))) is not None
+
+    def record_block(self, digest: str, gen: str, index: int, volatile_boot: str | None) -> bool:
+        """Record block ``index`` of the partial blob ``digest`` (file generation ``gen``) as verified.
+
+        Returns False if that partial blob is gone (evicted, removed, restarted
+        or committed by someone else); nothing is recorded then.
+        """
+        # The common case is one autocommitted statement: one write lock, no round trips. A block
+        # written without fdatasync takes it only if the blob already carries this boot's flag.
+        cur = self._exec("INSERT OR IGNORE INTO verified_blocks (digest, idx) SELECT digest, ? FROM blobs "
+                         "WHERE digest = ? AND gen = ? AND state = ? AND (? IS NULL OR volatile_boot IS ?)",
+                         (index, digest, gen, int(BlobState.PARTIAL), volatile_boot, volatile_boot))
+        if cur.rowcount == 1:
+            return True
+        if volatile_boot is None:
+            r = self._one("SELECT gen, state FROM blobs WHERE digest = ?", (digest,))
+            return r is not None and r[0] == gen and r[1] == BlobState.PARTIAL  # already recorded
+        with self.write():
+            r = self._one("SELECT gen, state FROM blobs WHERE digest = ?", (digest,))
+            if r is None or r[0] != gen or r[1] != BlobState.PARTIAL:
+                return False
+            self._exec("INSERT OR IGNORE INTO verified_blocks (digest, idx) VALUES (?, ?)", (digest, index))
+            self._exec("UPDATE blobs SET volatile_boot = ? WHERE digest = ? AND volatile_boot IS NOT ?",
+                       (volatile_boot, digest, volatile_boot))
+            return True
+
+    def forget_blocks(self, digest: str, indexes: Iterable[int] | None = None) -> None:
+        """Forget that blocks were verified (all of them when ``indexes`` is None)."""
+        with self.write():
+            if indexes is None:
+                self._exec("DELETE FROM verified_blocks WHERE digest = ?", (digest,))
+                self._exec("UPDATE blobs SET volatile_boot = NULL WHERE digest = ?", (digest,))
+            else:
+                self._many("DELETE FROM verified_blocks WHERE digest = ? AND idx = ?",
+                           [(digest, i) for i in indexes])
+
+    def drop_orphan_block_records(self) -> None:
+        """Block records of blobs that are no longer partial (cannot happen; cheap to make sure)."""
+        self._exec("DELETE FROM verified_blocks WHERE digest NOT IN "
+                   "(SELECT digest FROM blobs WHERE state = ?)", (int(BlobState.PARTIAL),))
+
+    # -- capacity -----------------------------------------------------------------------------
+
+    def _add_used(self, delta: int) -> None:
+        if delta:
+            self._exec("UPDATE meta SET value = value + ? WHERE key = 'used'", (delta,))
+
+    def used(self) -> int:
+        return int(self._one("SELECT value FROM meta WHERE key = 'used'")[0])
+
+    def recompute_used(self) -> int:
+        """Reset the running total from the rows (heals any drift); returns it."""
+        with self.write():
+            self._exec("UPDATE meta SET value = (SELECT COALESCE(SUM(charged), 0) FROM blobs) WHERE key = 'used'")
+            return self.used()
+
+    def counts(self) -> tuple[int, int]:
+        """``(complete, partial)`` blob counts."""
+        got = dict(self._all("SELECT state, COUNT(*) FROM blobs GROUP BY state"))
+        return int(got.get(BlobState.COMPLETE, 0)), int(got.get(BlobState.PARTIAL, 0))
+
+    # -- access, consumption, pins ------------------------------------------------------------
+
+    def touch_many(self, items: Iterable[tuple[float, str]]) -> None:
+        with self.write():
+            self._many("UPDATE blobs SET last_access = MAX(last_access, ?) WHERE digest = ?", items)
+
+    def set_consumed(self, digest: str, token: str | None) -> None:
+        self._exec("UPDATE blobs SET consumed = ? WHERE digest = ?", (token, digest))
+
+    def pin(self, digest: str) -> None:
+        self._exec("INSERT OR IGNORE INTO pins (digest) VALUES (?)", (digest,))
+
+    def unpin(self, digest: str) -> None:
+        self._exec("DELETE FROM pins WHERE digest = ?", (digest,))
+
+    def is_pinned(self, digest: str) -> bool:
+        return self._one("SELECT 1 FROM pins WHERE digest = ?", (digest,)) is not None
+
+    # -- holds --------------------------------------------------------------------------------
+
+    def add_holds(self, owner: str, pid: int, start: int, boot: str, digests: Iterable[str]) -> None:
+        with self.write():
+            self._exec("INSERT OR REPLACE INTO owners (owner, pid, start, boot) VALUES (?, ?, ?, ?)",
+                       (owner, pid, start, boot))
+            self._many("INSERT OR IGNORE INTO holds (owner, digest) VALUES (?, ?)", ((owner, d) for d in digests))
+
+    def release_holds(self, owner: str, digests: Iterable[str] | None = None) -> None:
+        with self.write():
+            if digests is None:
+                self._exec("DELETE FROM holds WHERE owner = ?", (owner,))
+            else:
+                self._many("DELETE FROM holds WHERE owner = ? AND digest = ?", ((owner, d) for d in digests))
+            if self._one("SELECT 1 FROM holds WHERE owner = ? LIMIT 1", (owner,)) is None:
+                self._exec("DELETE FROM owners WHERE owner = ?", (owner,))
+
+    def owners(self) -> list[tuple[str, int, int, str]]:
+        return [tuple(r) for r in self._all("SELECT owner, pid, start, boot FROM owners")]
+
+    def owners_holding(self, digest: str) -> list[tuple[str, int, int, str]]:
+        return [tuple(r) for r in self._all(
+            "SELECT o.owner, o.pid, o.start, o.boot FROM holds h JOIN owners o ON o.owner = h.owner "
+            "WHERE h.digest = ?", (digest,))]
+
+    def held_by(self, owners: Sequence[str]) -> set[str]:
+        held: set[str] = set()
+        for owner in owners:
+            held.update(r[0] for r in self._all("SELECT digest FROM holds WHERE owner = ?", (owner,)))
+        return held
+
+    def drop_owners(self, owners: Iterable[str]) -> None:
+        with self.write():
+            for owner in owners:
+                self._exec("DELETE FROM holds WHERE owner = ?", (owner,))
+                self._exec("DELETE FROM owners WHERE owner = ?", (owner,))
+
+    # -- eviction -----------------------------------------------------------------------------
+
+    def eviction_candidates(self) -> list[Candidate]:
+        """Every blob that is not pinned (holds, locks and protection are filtered by the caller)."""
+        return [Candidate(*r) for r in self._all(
+            "SELECT digest, gen, charged, last_access, consumed FROM blobs "
+            "WHERE digest NOT IN (SELECT digest FROM pins)")]
+
+    # -- datasets -----------------------------------------------------------------------------
+
+    def register_dataset(self, name: str, members: Iterable[tuple[str, int]], fingerprint: str,
+                         now: float) -> bool:
+        """Replace the members of dataset ``name`` (digests already deduplicated) in one transaction.
+
+        Returns False, having written nothing, if the dataset already has members of this ``fingerprint``.
+        """
+        if self._one("SELECT 1 FROM datasets WHERE name = ? AND fingerprint = ?", (name, fingerprint)):
+            return False
+        with self.write():
+            if self._one("SELECT 1 FROM datasets WHERE name = ? AND fingerprint = ?", (name, fingerprint)):
+                return False  # another process registered it meanwhile
+            self._drop_dataset(name)
+            first = int(self._one("SELECT COALESCE(MAX(rowid), 0) FROM dataset_blobs")[0]) + 1
+            dataset = self._exec("INSERT INTO datasets (name, registered, fingerprint, first_row, last_row) "
+                                 "VALUES (?, ?, ?, 0, -1)", (name, now, fingerprint)).lastrowid
+            self._many("INSERT INTO dataset_blobs (dataset, digest, size) VALUES (?, ?, ?)",
+                       ((dataset, d, s) for d, s in members))
+            last = int(self._one("SELECT COALESCE(MAX(rowid), 0) FROM dataset_blobs")[0])
+            # Inside one write transaction nobody else appends: the members are exactly [first, last].
+            self._exec("UPDATE datasets SET first_row = ?, last_row = ? WHERE id = ?", (first, last, dataset))
+            return True
+
+    def unregister_dataset(self, name: str) -> None:
+        with self.write():
+            self._drop_dataset(name)
+
+    def _drop_dataset(self, name: str) -> None:
+        r = self._one("SELECT id, first_row, last_row FROM datasets WHERE name = ?", (name,))
+        if r is not None:
+            self._exec("DELETE FROM dataset_blobs WHERE rowid BETWEEN ? AND ? AND dataset = ?", (r[1], r[2], r[0]))
+            self._exec("DELETE FROM datasets WHERE id = ?", (r[0],))
+
+    def dataset_summaries(self) -> list[DatasetSummary]:
+        summaries = []
+        for dataset, name, first, last in self._all(
+                "SELECT id, name, first_row, last_row FROM datasets ORDER BY name"):
+            counts = self._one(
+                "SELECT COUNT(*), COALESCE(SUM(db.size), 0), COALESCE(SUM(b.state = 2), 0), "
+                "COALESCE(SUM(b.state = 1), 0), COALESCE(SUM(CASE WHEN b.state = 2 THEN db.size ELSE 0 END), 0) "
+                "FROM dataset_blobs db LEFT JOIN blobs b ON b.digest = db.digest "
+                "WHERE db.rowid BETWEEN ? AND ? AND db.dataset = ?", (first, last, dataset))
+            summaries.append(DatasetSummary(name, *counts))
+        return summaries

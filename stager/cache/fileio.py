@@ -1,0 +1,79 @@
+"""Positional file I/O that finishes its job, and the one place OSError becomes CacheError."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+
+from ..errors import CacheError, CacheFull
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset``; a short write (a disk filling up) is continued."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:  # pragma: no cover - pwrite reports errors by raising
+            raise OSError(errno.EIO, "pwrite wrote nothing")
+        view = view[written:]
+        offset += written
+
+
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """Read exactly ``length`` bytes at ``offset``.
+
+    Raises:
+        CacheError: the file ends first (it was truncated behind our back).
+    """
+    data = os.pread(fd, length, offset)
+    if len(data) == length:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, offset + got)
+        if not more:
+            raise CacheError(f"short read: wanted {length} bytes at offset {offset}, the file ends after {got}")
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def readinto_exact(fd: int, view: memoryview, offset: int) -> None:
+    """Fill ``view`` from ``offset`` (large sequential reads, no copy).
+
+    Raises:
+        CacheError: the file ends first.
+    """
+    got = 0
+    total = len(view)
+    while got < total:
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            raise CacheError(f"short read: wanted {total} bytes at offset {offset}, the file ends after {got}")
+        got += n
+
+
+def os_error(exc: OSError, what: str) -> CacheError:
+    """Translate an OSError met while doing ``what``; ENOSPC/EDQUOT become :class:`CacheFull`."""
+    if exc.errno in _DISK_FULL:
+        err: CacheError = CacheFull(f"{what}: the disk is full ({os.strerror(exc.errno)})")
+    else:
+        err = CacheError(f"{what}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""))
+    err.errno = exc.errno  # kept for callers; filename and strerror stay unset so str() is the message alone
+    return err
+
+
+def sqlite_error(exc: sqlite3.Error, what: str) -> CacheError:
+    """Translate a sqlite3 error met while doing ``what``; SQLITE_FULL becomes :class:`CacheFull`."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
+        err: CacheError = CacheFull(f"{what}: the disk holding the cache index is full")
+        err.errno = errno.ENOSPC
+        return err
+    if code is not None and code & 0xFF == sqlite3.SQLITE_BUSY:
+        return CacheError(f"{what}: the cache index stayed locked by another process for too long")
+    return CacheError(f"{what}: cache index error: {exc}")

@@ -1,0 +1,165 @@
+"""A blob being filled, block by block, then committed: :class:`PartialBlob`.
+
+Each block is written with ``pwrite`` at ``index * block_size``, made durable
+with ``fdatasync`` (unless the caller opts out) and only then recorded as
+verified in the index, so the index never claims a byte that is not on disk.
+Threads may write different blocks of one blob at once. ``commit`` fsyncs the
+file, makes it read-only and renames it into ``blobs/`` inside the index
+transaction that marks it complete.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import CacheError
+from ..hashing import block_count, block_range
+from .fileio import os_error, pread_exact, pwrite_all
+
+if TYPE_CHECKING:
+    from .tier import CacheTier
+
+
+class PartialBlob:
+    """A handle on one blob while it is being filled (also given for a blob already complete).
+
+    ``verified`` is the set of blocks on disk and verified, which a restarted
+    process does not fetch again. For a blob that is already complete, every
+    block is verified, writes are no-ops and :meth:`commit` returns its path.
+    Close it when done (or use it as a context manager).
+    """
+
+    def __init__(self, tier: "CacheTier", digest: str, size: int, block_size: int, gen: str | None,
+                 path: Path, fd: int, verified: set[int]) -> None:
+        self._tier = tier
+        self.digest = digest
+        self.size = size
+        self.block_size = block_size
+        self.block_count = block_count(size, block_size)
+        self._gen = gen  # None: the blob is complete
+        self.path = path
+        self._fd: int | None = fd
+        self._verified = verified
+        self._lock = threading.Lock()
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        """Whether the blob is complete (committed now or before)."""
+        return self._gen is None
+
+    @property
+    def verified(self) -> frozenset[int]:
+        """Indexes of the blocks on disk and verified."""
+        with self._lock:
+            return frozenset(self._verified)
+
+    def missing_blocks(self) -> list[int]:
+        """Indexes of the blocks still to write, in order."""
+        with self._lock:
+            return [i for i in range(self.block_count) if i not in self._verified]
+
+    def block_range(self, index: int) -> tuple[int, int]:
+        """The ``[start, end)`` byte range of block ``index``."""
+        self._check_index(index)
+        return block_range(index, self.size, self.block_size)
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < self.block_count:
+            raise ValueError(f"blob {self.digest}: block {index} out of range (it has {self.block_count})")
+
+    def _require_fd(self) -> int:
+        fd = self._fd
+        if fd is None:
+            raise CacheError(f"blob {self.digest}: the partial blob handle is closed")
+        return fd
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write_block(self, index: int, data: bytes | bytearray | memoryview, *, durable: bool = True) -> None:
+        """Write block ``index`` (already verified by the caller) and record it as verified.
+
+        With ``durable`` the bytes are fdatasync'ed before the index records
+        them (safe against power loss); without, they are safe against a
+        process crash, and a reboot forgets them (see the package docstring).
+        A block already verified is not written again.
+
+        Raises:
+            ValueError: ``index`` out of range, or ``data`` not the block's length.
+            CacheFull: the disk is full (the block is not recorded).
+            CacheError: the partial blob was evicted or removed meanwhile, or an I/O error.
+        """
+        start, end = self.block_range(index)
+        length = memoryview(data).nbytes
+        if length != end - start:
+            raise ValueError(f"blob {self.digest}: block {index} must be {end - start} bytes, got {length}")
+        with self._lock:
+            if index in self._verified:
+                return
+        fd = self._require_fd()
+        try:
+            pwrite_all(fd, data, start)
+            if durable:
+                os.fdatasync(fd)
+        except OSError as exc:
+            raise os_error(exc, f"writing block {index} of blob {self.digest} in {self._tier.directory}") from exc
+        self._tier._record_block(self, index, durable)
+        with self._lock:
+            self._verified.add(index)
+
+    def read_block(self, index: int) -> bytes:
+        """The bytes of block ``index``, which must be verified (here or by another process).
+
+        Raises:
+            CacheError: the block is not verified, or an I/O error.
+        """
+        start, end = self.block_range(index)
+        with self._lock:
+            known = index in self._verified
+        if not known:
+            if self._gen is None or not self._tier._index.is_verified(self.digest, self._gen, index):
+                raise CacheError(f"blob {self.digest}: block {index} is not verified in the cache")
+            with self._lock:
+                self._verified.add(index)
+        fd = self._require_fd()
+        try:
+            return pread_exact(fd, end - start, start)
+        except OSError as exc:
+            raise os_error(exc, f"reading block {index} of blob {self.digest}") from exc
+
+    def commit(self) -> Path:
+        """Make the blob complete: fsync, read-only, atomic rename into ``blobs/``; returns its path.
+
+        Raises:
+            CacheError: blocks are missing, the blob was evicted or removed, or an I/O error.
+        """
+        if self._gen is None:
+            return self.path
+        fd = self._require_fd()
+        path = self._tier._commit(self, fd, self._gen)
+        self._gen = None
+        self.path = path
+        with self._lock:
+            self._verified = set(range(self.block_count))
+        return path
+
+    def close(self) -> None:
+        """Release the file handle (the partial blob stays in the cache, resumable)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+            self._tier._forget_handle(self)
+
+    def __enter__(self) -> "PartialBlob":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else f"{len(self._verified)}/{self.block_count} blocks"
+        return f"PartialBlob({self.digest}, {state})"

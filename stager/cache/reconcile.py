@@ -1,0 +1,162 @@
+"""Bringing the index and the disk back in line, at start-up and when a blob is resumed.
+
+Stat only, never a rehash, so it runs in time proportional to the number of
+files. Every decision about one digest is taken inside a write transaction of
+the index, and every blob transition of a live process also happens inside
+one, so reconciling while other processes use the cache sees each blob either
+before or after a transition, never half-way. The rules:
+
+- partial row, partial file of its generation with the right size: kept;
+  its verified blocks are forgotten if some were recorded without fdatasync
+  during another boot (they may not have reached the disk);
+- partial row without that file, but a complete file of the right size: the
+  process crashed between commit's rename and its index update: promoted;
+- partial row otherwise: dropped (the partial file, if any, removed);
+- complete row without its file, or with a file of the wrong size: dropped;
+- a file under ``partial/`` or ``blobs/`` that no row accounts for, or whose
+  name is not a blob's (a temporary or stray file): removed;
+- the capacity total is recomputed from the rows; lock files nobody holds and
+  holds of dead processes are removed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .blob_index import BlobIndex, BlobRow
+from .layout import SHARD_DIRS, CacheLayout, remove_stray_format_temps
+from .records import BlobState
+
+
+@dataclass(slots=True)
+class ReconcileReport:
+    """What a reconciliation changed."""
+
+    files_removed: int = 0  # orphans, strays, temporaries, wrong-size files
+    rows_dropped: int = 0  # rows whose file was missing or wrong
+    promoted: int = 0  # partial rows whose blob had been renamed into place
+    blocks_forgotten: int = 0  # partial blobs whose unsynced blocks were forgotten after a reboot
+    lock_files_removed: int = 0
+    dead_owners: int = 0
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except IsADirectoryError:
+        return False
+
+
+def disk_charge(st: os.stat_result) -> int:
+    """What a complete file costs against the capacity: the disk blocks it really uses."""
+    return st.st_blocks * 512
+
+
+def repair_partial(index: BlobIndex, layout: CacheLayout, row: BlobRow, this_boot: str,
+                   report: ReconcileReport | None = None) -> BlobRow | None:
+    """Bring one partial row in line with the disk; call inside ``index.write()``.
+
+    Returns the row as it now is (partial, or complete if promoted), or None if it was dropped.
+    """
+    report = report if report is not None else ReconcileReport()
+    partial_path = layout.partial_path(row.digest, row.gen)
+    pst = _stat(partial_path)
+    if pst is not None and pst.st_size == row.size:
+        if row.volatile_boot is not None and row.volatile_boot != this_boot:
+            index.forget_blocks(row.digest)
+            report.blocks_forgotten += 1
+        return index.get(row.digest)
+    if pst is not None:
+        report.files_removed += _unlink(partial_path)
+    cst = _stat(layout.complete_path(row.digest))
+    if cst is not None and cst.st_size == row.size:
+        # Only commit puts a file there, after every block was verified and fsynced.
+        index.mark_complete(row.digest, disk_charge(cst), row.last_access)
+        report.promoted += 1
+        return index.get(row.digest)
+    index.delete_blob(row.digest)
+    report.rows_dropped += 1
+    return None
+
+
+def reconcile_partials(index: BlobIndex, layout: CacheLayout, this_boot: str, report: ReconcileReport) -> None:
+    """Partial rows and the ``partial/`` directory, in one transaction (there are few)."""
+    with index.write():
+        keep: set[str] = set()
+        for row in index.rows_in_state(BlobState.PARTIAL):
+            now = repair_partial(index, layout, row, this_boot, report)
+            if now is not None and now.state is BlobState.PARTIAL:
+                keep.add(f"{now.digest}.{now.gen}")
+        for name in os.listdir(layout.partial_dir):
+            if name not in keep:
+                report.files_removed += _unlink(layout.partial_dir / name)
+
+
+def reconcile_complete(index: BlobIndex, layout: CacheLayout, report: ReconcileReport) -> None:
+    """``blobs/xx/`` against the rows, one transaction per first hex digit (16 shard directories)."""
+    blobs_dir = str(layout.blobs_dir)
+    complete = int(BlobState.COMPLETE)
+    for first in "0123456789abcdef":
+        with index.write():
+            rows = index.sizes_with_prefix(first)
+            present: set[str] = set()
+            for prefix in SHARD_DIRS[int(first, 16) * 16:(int(first, 16) + 1) * 16]:
+                _reconcile_shard(index, layout, os.path.join(blobs_dir, prefix), prefix, rows, present, report)
+            for digest, (state, *_) in rows.items():
+                if state == complete and digest not in present:
+                    index.delete_blob(digest)
+                    report.rows_dropped += 1
+
+
+def _reconcile_shard(index: BlobIndex, layout: CacheLayout, shard: str, prefix: str,
+                     rows: dict[str, tuple[int, int, int, str, float]], present: set[str],
+                     report: ReconcileReport) -> None:
+    try:
+        entries = list(os.scandir(shard))
+    except FileNotFoundError:
+        os.makedirs(shard, exist_ok=True)
+        return
+    for entry in entries:
+        name = entry.name
+        row = rows.get(name)
+        if row is None or not name.startswith(prefix) or not entry.is_file(follow_symlinks=False):
+            report.files_removed += _unlink(Path(entry.path))
+            continue
+        state, size, charged, gen, last_access = row
+        st = entry.stat(follow_symlinks=False)
+        if st.st_size != size:
+            report.files_removed += _unlink(Path(entry.path))
+            continue
+        present.add(name)
+        if state == BlobState.PARTIAL:
+            # Renamed into place, then the process died before the index said so.
+            report.files_removed += _unlink(layout.partial_path(name, gen))
+            index.mark_complete(name, disk_charge(st), last_access)
+            report.promoted += 1
+        elif charged != st.st_blocks * 512:
+            index.set_charged(name, disk_charge(st))
+
+
+def reconcile(index: BlobIndex, layout: CacheLayout, this_boot: str) -> ReconcileReport:
+    """The full start-up pass over the index and the disk (stat only)."""
+    report = ReconcileReport()
+    remove_stray_format_temps(layout)
+    reconcile_partials(index, layout, this_boot, report)
+    reconcile_complete(index, layout, report)
+    index.drop_orphan_block_records()
+    index.recompute_used()
+    return report

@@ -1,0 +1,572 @@
+"""The cache tier: one facade over the layout, the index, the locks, eviction and scrubbing.
+
+Synchronous by design (sqlite and file I/O); the async engine calls the slow
+methods (``begin``, ``write_block``, ``commit``, ``evict``, ``verify``) in a
+bounded thread pool. Every method is thread-safe, and several processes may
+open the same directory at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from array import array
+from collections.abc import Callable, Container, Iterable, Sequence
+from pathlib import Path
+
+import xxhash
+
+from ..config import CacheConfig
+from ..errors import BlobTooLarge, CacheError, CacheFull
+from ..hashing import block_count
+from .blob_index import BlobIndex, BlobRow, Candidate, pack_block_digests
+from .eviction import Rank, VictimQueue
+from .fileio import os_error
+from .layout import check_digest, check_digests, fsync_dir, new_generation, open_layout
+from .liveness import ProcessIdentity, boot_id, current_process, is_alive
+from .locks import BlobLock, LockTable, sweep_lock_files
+from .partial import PartialBlob
+from .reconcile import ReconcileReport, disk_charge, reconcile, repair_partial
+from .records import BlobRecord, BlobState, CacheUsage, DatasetSummary, VerifyReport
+from .verify import scrub
+
+_BEGIN_ATTEMPTS = 4  # reserve, evict, retry: another process may take the room we freed
+_TOUCH_BATCH = 4096
+
+
+class CacheTier:
+    """The node-local cache of verified blobs in one directory.
+
+    Args:
+        config: the directory and the capacity.
+        reconcile: bring index and disk in line at start-up (stat only, no
+            rehash). Leave on; processes that only read (data loader workers
+            of a job whose main process reconciled) may turn it off.
+        touch_interval: seconds between writes of access times (``touch``
+            buffers them in memory meanwhile).
+        busy_timeout: seconds to wait for another process's index transaction.
+
+    Raises:
+        CacheError: the directory cannot be used (not a cache, unknown format
+            or schema version, unreadable index).
+    """
+
+    def __init__(self, config: CacheConfig, *, reconcile: bool = True, touch_interval: float = 1.0,
+                 busy_timeout: float = 60.0) -> None:
+        self.config = config
+        self._layout = open_layout(config.directory)
+        self.directory: Path = self._layout.root
+        self._index = BlobIndex(self._layout.index_path, busy_timeout=busy_timeout)
+        self._closed = False
+        self._locks = LockTable()
+        self._touch_lock = threading.Lock()
+        self._touches: dict[str, float] = {}
+        self._touch_interval = touch_interval
+        self._touch_flushed = time.monotonic()
+        self._handles: weakref.WeakSet[PartialBlob] = weakref.WeakSet()
+        self._victims = VictimQueue()
+        self._evictions_lock = threading.Lock()
+        self.evicted_blobs = 0  # blobs (and their bytes) this instance evicted, for metrics
+        self.evicted_bytes = 0
+        try:
+            self._capacity = config.capacity_bytes()
+            st = os.statvfs(self.directory)
+            self._unit = max(4096, st.f_frsize)
+            self._boot = boot_id()
+            self.last_reconcile: ReconcileReport | None = None
+            if reconcile:
+                self.last_reconcile = self.reconcile()
+        except BaseException:
+            self._index.close()
+            raise
+
+    # -- basics -------------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """The capacity in bytes."""
+        return self._capacity
+
+    def reconcile(self) -> ReconcileReport:
+        """Bring index and disk in line (done at start-up); safe while other processes use the cache."""
+        report = reconcile(self._index, self._layout, self._boot)
+        report.lock_files_removed = sweep_lock_files(self._layout.locks_dir, self._locks)
+        report.dead_owners = self._drop_dead_owners()[1]
+        return report
+
+    def usage(self) -> CacheUsage:
+        """Bytes used (complete blobs' disk blocks + partial blobs' reservations), capacity, counts."""
+        complete, partial = self._index.counts()
+        return CacheUsage(self._index.used(), self._capacity, complete, partial)
+
+    def state(self, digest: str) -> BlobState:
+        """ABSENT, PARTIAL or COMPLETE."""
+        return self._index.state(check_digest(digest))
+
+    def complete_path(self, digest: str) -> Path:
+        """Where the complete blob lives (``blobs/ab/abcd...``): a file there is complete and verified."""
+        return self._layout.complete_path(check_digest(digest))
+
+    def record(self, digest: str) -> BlobRecord | None:
+        """What the index knows about a blob, or None if it is absent."""
+        row = self._index.get(check_digest(digest))
+        if row is None:
+            return None
+        if row.state is BlobState.COMPLETE:
+            verified = frozenset(range(row.block_count))
+        else:
+            verified = frozenset(self._index.verified(digest))
+        with self._touch_lock:
+            last_access = max(row.last_access, self._touches.get(digest, 0.0))
+        return BlobRecord(digest, row.state, row.size, row.block_size, row.block_count, verified, row.charged,
+                          last_access, row.consumed, self._index.is_pinned(digest))
+
+    def lock(self, digest: str) -> BlobLock:
+        """The cross-process lock of one blob (one fetch at a time). Not taken yet: use
+        ``with``, ``try_lock()`` or ``acquire(timeout)``, then re-check the blob's state."""
+        return BlobLock(self._locks, self._layout.lock_path(check_digest(digest)), digest)
+
+    # -- filling ------------------------------------------------------------------------------
+
+    def _reservation(self, size: int) -> int:
+        return -(-size // self._unit) * self._unit
+
+    def begin(self, digest: str, size: int, block_size: int, block_digests: Sequence[int], *,
+              rank: Rank | None = None, protect: Iterable[str] = frozenset()) -> PartialBlob:
+        """Start (or resume) filling a blob; reserves its size against the capacity.
+
+        Resuming keeps the blocks already verified (``PartialBlob.verified``).
+        For a blob that is already complete, the handle is complete too. Call
+        it holding the blob's lock, so one process fills it.
+
+        Args:
+            digest: the blob's xxh3-128, 32 lowercase hex characters.
+            size: its size in bytes.
+            block_size: the size of every block but the last.
+            block_digests: the expected xxh3-64 of each block.
+            rank, protect: passed to :meth:`evict` if room must be made.
+
+        Raises:
+            ValueError: bad digest, size, block size or block digest count.
+            BlobTooLarge: the blob is larger than the whole capacity.
+            CacheFull: no room even after eviction, or the disk is full.
+            CacheError: an I/O or index error.
+        """
+        check_digest(digest)
+        if size < 0 or block_size <= 0:
+            raise ValueError(f"blob {digest}: bad size {size} or block size {block_size}")
+        if len(block_digests) != block_count(size, block_size):
+            raise ValueError(f"blob {digest}: {len(block_digests)} block digests for "
+                             f"{block_count(size, block_size)} blocks")
+        packed = pack_block_digests(block_digests)
+        need = self._reservation(size)
+        if need > self._capacity:
+            raise BlobTooLarge(f"blob {digest} ({size} bytes) is larger than the whole cache "
+                               f"({self._capacity} bytes) at {self.directory}")
+        protected = frozenset(protect) | {digest}
+        for _ in range(_BEGIN_ATTEMPTS):
+            handle, deficit = self._begin_once(digest, size, block_size, packed, need)
+            if handle is not None:
+                return handle
+            if self.evict(deficit, rank=rank, protect=protected) == 0:
+                break
+        used = self._index.used()
+        raise CacheFull(f"no room for blob {digest} ({size} bytes) in the cache at {self.directory}: "
+                        f"{used} of {self._capacity} bytes are taken by pinned, held or busy blobs")
+
+    def _begin_once(self, digest: str, size: int, block_size: int, packed: bytes,
+                    need: int) -> tuple[PartialBlob | None, int]:
+        """One try under the index's write lock: a handle, or (None, bytes that must be freed)."""
+        opened: tuple[int, Path] | None = None  # a file created here, undone if the transaction fails
+        resumed: PartialBlob | None = None  # a handle opened here, closed if the transaction fails
+        try:
+            with self._index.write():
+                row = self._index.get(digest)
+                if row is not None and row.state is BlobState.PARTIAL and \
+                        (row.size, row.block_size, row.block_digests) != (size, block_size, packed):
+                    # The same bytes under another block size: start over under the caller's.
+                    self._unlink_blob_file(row)
+                    self._index.delete_blob(digest)
+                    row = None
+                if row is not None:
+                    resumed = self._open_existing(row)
+                    if resumed is not None:
+                        return resumed, 0
+                used = self._index.used()
+                if used + need > self._capacity:
+                    return None, used + need - self._capacity
+                gen = new_generation()
+                path = self._layout.partial_path(digest, gen)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                opened = (fd, path)
+                os.ftruncate(fd, size)
+                self._index.insert_partial(digest, size, block_size, packed, gen, need, time.time())
+        except BaseException as exc:
+            if opened is not None:
+                self._undo_create(*opened)
+            if resumed is not None:
+                resumed.close()
+            if isinstance(exc, OSError) and not isinstance(exc, CacheError):
+                raise os_error(exc, f"creating partial blob {digest} in {self.directory}") from exc
+            raise
+        return self._handle(digest, size, block_size, gen, opened[1], opened[0], set()), 0
+
+    @staticmethod
+    def _undo_create(fd: int, path: Path) -> None:
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _open_existing(self, row: BlobRow) -> PartialBlob | None:
+        """A handle on a blob the index has (inside a write transaction); None if it had to be dropped."""
+        digest = row.digest
+        if row.state is BlobState.PARTIAL:
+            repaired = repair_partial(self._index, self._layout, row, self._boot)
+            if repaired is None:
+                return None
+            row = repaired
+        if row.state is BlobState.COMPLETE:
+            path = self._layout.complete_path(digest)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._index.delete_blob(digest)
+                return None
+            self.touch(digest)
+            return self._handle(digest, row.size, row.block_size, None, path, fd, set(range(row.block_count)))
+        path = self._layout.partial_path(digest, row.gen)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except PermissionError:  # a commit failed after making it read-only
+            os.chmod(path, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        self.touch(digest)
+        return self._handle(digest, row.size, row.block_size, row.gen, path, fd, self._index.verified(digest))
+
+    def _handle(self, digest: str, size: int, block_size: int, gen: str | None, path: Path, fd: int,
+                verified: set[int]) -> PartialBlob:
+        handle = PartialBlob(self, digest, size, block_size, gen, path, fd, verified)
+        self._handles.add(handle)
+        return handle
+
+    def open_partial(self, digest: str) -> PartialBlob | None:
+        """A read-only handle on a partial (or complete) blob, for readers that serve verified
+        blocks before the blob is complete (the FUSE mount); None if the blob is absent."""
+        check_digest(digest)
+        for _ in range(3):  # the blob may be committed or evicted between the lookup and the open
+            row = self._index.get(digest)
+            if row is None:
+                return None
+            if row.state is BlobState.COMPLETE:
+                path, gen, verified = self._layout.complete_path(digest), None, set(range(row.block_count))
+            else:
+                path, gen, verified = self._layout.partial_path(digest, row.gen), row.gen, None
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise os_error(exc, f"opening blob {digest}") from exc
+            if verified is None:
+                verified = self._index.verified(digest)
+            return self._handle(digest, row.size, row.block_size, gen, path, fd, verified)
+        return None
+
+    def _record_block(self, handle: PartialBlob, index: int, durable: bool) -> None:
+        gen = handle._gen
+        if gen is None:
+            return
+        if not self._index.record_block(handle.digest, gen, index, None if durable else self._boot):
+            raise CacheError(f"blob {handle.digest}: the partial blob was evicted, removed or restarted "
+                             "while being written; begin() it again")
+
+    def _commit(self, handle: PartialBlob, fd: int, gen: str) -> Path:
+        digest = handle.digest
+        if self._index.state(digest) is BlobState.COMPLETE:
+            return self._layout.complete_path(digest)  # another handle committed it
+        missing = handle.block_count - self._index.verified_count(digest)
+        if missing:
+            raise CacheError(f"blob {digest}: cannot commit, {missing} of {handle.block_count} blocks "
+                             "are not verified")
+        dest = self._layout.complete_path(digest)
+        try:
+            os.fsync(fd)
+            os.fchmod(fd, 0o444)  # before the rename: a file under blobs/ is never writable
+        except OSError as exc:
+            raise os_error(exc, f"committing blob {digest}") from exc
+        renamed = False
+        try:
+            with self._index.write():
+                row = self._index.get(digest)
+                if row is not None and row.state is BlobState.COMPLETE:
+                    return dest  # another handle committed it
+                if row is None or row.gen != gen:
+                    raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its "
+                                     "commit; begin() it again")
+                missing = handle.block_count - self._index.verified_count(digest)
+                if missing:
+                    raise CacheError(f"blob {digest}: cannot commit, {missing} of {handle.block_count} blocks "
+                                     "are not verified")
+                try:
+                    os.rename(self._layout.partial_path(digest, gen), dest)
+                except FileNotFoundError:
+                    # Renamed by an earlier commit() that failed after it: repairing promotes it.
+                    repaired = repair_partial(self._index, self._layout, row, self._boot)
+                    if repaired is None or repaired.state is not BlobState.COMPLETE:
+                        raise CacheError(f"blob {digest}: the partial file vanished before its commit; "
+                                         "begin() it again") from None
+                    return dest
+                renamed = True
+                fsync_dir(dest.parent)
+                self._index.mark_complete(digest, disk_charge(os.fstat(fd)), time.time())
+        except BaseException as exc:
+            if not renamed:
+                self._restore_writable(fd)
+            if isinstance(exc, OSError) and not isinstance(exc, CacheError):
+                raise os_error(exc, f"committing blob {digest}") from exc
+            raise
+        return dest
+
+    @staticmethod
+    def _restore_writable(fd: int) -> None:
+        try:
+            os.fchmod(fd, 0o644)
+        except OSError:
+            pass
+
+    def _forget_handle(self, handle: PartialBlob) -> None:
+        self._handles.discard(handle)
+
+    # -- access, consumption, protection ------------------------------------------------------
+
+    def touch(self, digest: str) -> None:
+        """Note that a blob was just read (buffered; written at most every ``touch_interval``)."""
+        now = time.time()
+        with self._touch_lock:
+            self._touches[digest] = now
+            due = len(self._touches) >= _TOUCH_BATCH or \
+                time.monotonic() - self._touch_flushed >= self._touch_interval
+        if due:
+            self._flush_touches()
+
+    def _flush_touches(self) -> None:
+        with self._touch_lock:
+            touches, self._touches = self._touches, {}
+            self._touch_flushed = time.monotonic()
+        if touches:
+            self._index.touch_many([(t, d) for d, t in touches.items()])
+
+    def mark_consumed(self, digest: str, token: str | int) -> None:
+        """Record that every local consumer has read the blob in epoch (or plan round) ``token``."""
+        self._index.set_consumed(check_digest(digest), str(token))
+
+    def pin(self, digest: str) -> None:
+        """Never evict this blob (may be pinned before it arrives)."""
+        self._index.pin(check_digest(digest))
+
+    def unpin(self, digest: str) -> None:
+        self._index.unpin(check_digest(digest))
+
+    def hold(self, owner_id: str, digests: Iterable[str]) -> None:
+        """Protect blobs (an active prefetch window) for as long as this process lives.
+
+        ``owner_id`` must be unique to this process (e.g. include the pid);
+        holds add up until :meth:`release`. A hold whose process died is ignored.
+        """
+        me = current_process()
+        self._index.add_holds(owner_id, me.pid, me.start, me.boot, (check_digest(d) for d in digests))
+
+    def release(self, owner_id: str, digests: Iterable[str] | None = None) -> None:
+        """Drop some (or all) of ``owner_id``'s holds."""
+        self._index.release_holds(owner_id, None if digests is None else list(digests))
+
+    def _drop_dead_owners(self) -> tuple[list[str], int]:
+        """The live owners' ids, and how many dead ones were removed with their holds."""
+        live, dead = [], []
+        for owner, pid, start, boot in self._index.owners():
+            (live if is_alive(ProcessIdentity(pid, start, boot), self._boot) else dead).append(owner)
+        if dead:
+            self._index.drop_owners(dead)
+        return live, len(dead)
+
+    def _held(self, digest: str) -> bool:
+        return any(is_alive(ProcessIdentity(pid, start, boot), self._boot)
+                   for _, pid, start, boot in self._index.owners_holding(digest))
+
+    # -- eviction and removal -----------------------------------------------------------------
+
+    def evict(self, nbytes_needed: int, *, rank: Rank | None = None, protect: Iterable[str] = frozenset(),
+              consumed: Container[str] | None = None) -> int:
+        """Free at least ``nbytes_needed`` bytes if possible; returns the bytes freed.
+
+        Order: ``rank`` (higher first), then consumed blobs, then least
+        recently used (see eviction.py). Never evicts pinned blobs, blobs held
+        by a live process, ``protect``ed blobs, or blobs whose lock is held.
+        ``consumed``: the tokens that count as consumed now (default: any).
+        The order is kept for up to a second and reused by the next calls with
+        the same ``rank`` (ordering many blobs is the costly part); exclusions
+        are always current. Readers that already have a file open or mapped
+        keep reading it.
+
+        Raises:
+            CacheError: an I/O or index error.
+        """
+        if nbytes_needed <= 0:
+            return 0
+        self._flush_touches()
+        live, _ = self._drop_dead_owners()
+        exclude = frozenset(protect) | self._index.held_by(live)
+        freed = 0
+        victims = self._victims
+        with victims.lock:
+            for fresh in (False, True):
+                order, built = victims.get(self._index.eviction_candidates, rank, consumed, fresh=fresh)
+                for candidate in order:
+                    if freed >= nbytes_needed:
+                        return freed
+                    if candidate.digest in exclude or victims.is_gone(candidate):
+                        continue
+                    got = self._evict_one(candidate)
+                    if got is not None:
+                        victims.mark_gone(candidate)
+                        freed += got
+                if built:
+                    break
+        return freed
+
+    def _evict_one(self, candidate: Candidate) -> int | None:
+        """Evict one candidate: the bytes freed (0 if it was already gone), None if it must stay for now."""
+        lock = self.lock(candidate.digest)
+        if not lock.try_lock():
+            return None  # being fetched (or evicted) by someone
+        try:
+            with self._index.write():
+                row = self._index.get(candidate.digest)
+                if row is None or row.gen != candidate.gen:
+                    return 0
+                if self._index.is_pinned(row.digest) or self._held(row.digest):
+                    return None
+                self._unlink_blob_file(row)
+                freed = self._index.delete_blob(row.digest)
+        finally:
+            lock.release()
+        with self._evictions_lock:
+            self.evicted_blobs += 1
+            self.evicted_bytes += freed
+        return freed
+
+    def _unlink_blob_file(self, row: BlobRow) -> None:
+        """Unlink a blob's file (inside the transaction that drops its row)."""
+        if row.state is BlobState.COMPLETE:
+            path = self._layout.complete_path(row.digest)
+        else:
+            path = self._layout.partial_path(row.digest, row.gen)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise os_error(exc, f"removing blob {row.digest}") from exc
+
+    def remove(self, digest: str) -> bool:
+        """Remove a blob whatever its state, pins and holds; True if it was there."""
+        check_digest(digest)
+        with self._index.write():
+            row = self._index.get(digest)
+            if row is None:
+                return False
+            self._unlink_blob_file(row)
+            self._index.delete_blob(digest)
+            return True
+
+    # -- scrubbing ----------------------------------------------------------------------------
+
+    def verify(self, sample: float | None = None, repair: bool = True, *, seed: int | None = None,
+               progress: Callable[[int], None] | None = None) -> VerifyReport:
+        """Re-hash complete blobs and partial blobs' verified blocks against their recorded digests.
+
+        Args:
+            sample: the share of blobs to check (None: all).
+            repair: drop what is bad: a bad complete blob is removed, bad
+                blocks of a partial blob are forgotten; the engine fetches again.
+            seed: makes the sample reproducible.
+            progress: called with the bytes read after each blob.
+
+        Raises:
+            CacheError: an I/O or index error other than a blob vanishing meanwhile.
+        """
+        report = VerifyReport(repaired=repair)
+        for row, check in scrub(self._index, self._layout, sample, seed):
+            report.add(row.digest, row.state, check)
+            if check.bad and repair:
+                self._drop_bad(row, check.bad)
+            if progress is not None:
+                progress(report.bytes_checked)
+        return report
+
+    def _drop_bad(self, row: BlobRow, bad: list[int]) -> None:
+        with self._index.write():
+            now = self._index.get(row.digest)
+            if now is None or now.gen != row.gen or now.state is not row.state:
+                return  # changed meanwhile (evicted, restarted, committed)
+            if row.state is BlobState.COMPLETE:
+                self._unlink_blob_file(row)
+                self._index.delete_blob(row.digest)
+            else:
+                self._index.forget_blocks(row.digest, bad)
+
+    # -- datasets -----------------------------------------------------------------------------
+
+    def register_dataset(self, name: str, digests_with_sizes: Iterable[tuple[str, int]]) -> None:
+        """Record (or replace) which blobs make up a dataset, for ``stager status``; one transaction.
+
+        A digest listed twice (two shards with the same bytes) counts once.
+        Registering the same members again (every process that opens the
+        dataset does) only compares a fingerprint and writes nothing.
+
+        Raises:
+            ValueError: a digest is malformed (nothing is recorded).
+        """
+        members = dict(digests_with_sizes)
+        check_digests(members)
+        if not all(type(size) is int for size in members.values()):
+            members = {digest: int(size) for digest, size in members.items()}
+        fingerprint = xxhash.xxh3_128()
+        fingerprint.update("".join(members).encode())
+        fingerprint.update(array("q", members.values()).tobytes())
+        self._index.register_dataset(name, members.items(), fingerprint.hexdigest(), time.time())
+
+    def unregister_dataset(self, name: str) -> None:
+        self._index.unregister_dataset(name)
+
+    def datasets(self) -> list[DatasetSummary]:
+        """Every registered dataset: blobs, bytes, how many complete and partial."""
+        return self._index.dataset_summaries()
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write pending access times, close open handles and the index. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._flush_touches()
+        except CacheError:
+            pass  # access times are hints
+        for handle in list(self._handles):
+            handle.close()
+        self._index.close()
+
+    def __enter__(self) -> "CacheTier":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CacheTier({str(self.directory)!r}, capacity={self._capacity})"

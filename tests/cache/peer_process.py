@@ -1,0 +1,54 @@
+"""Small jobs run in a separate process by the cache tests (locks racing, holds of live/dead processes).
+
+    python -m tests.cache.peer_process race CACHE_DIR DIGEST COUNTER_FILE ROUNDS
+    python -m tests.cache.peer_process hold CACHE_DIR OWNER DIGEST...
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from stager.cache import CacheTier
+
+from .blobs import config
+
+
+def race(directory: Path, digest: str, counter: Path, rounds: int) -> None:
+    """Increment a counter file under the blob lock, slowly, from two threads: lost updates show a broken lock."""
+    with CacheTier(config(directory, 1 << 20), reconcile=False) as tier:
+        def loop() -> None:
+            for _ in range(rounds):
+                with tier.lock(digest):
+                    value = int(counter.read_text() or "0")
+                    time.sleep(0.001)
+                    counter.write_text(str(value + 1))
+                    with open(counter.with_suffix(".log"), "a") as log:
+                        log.write(f"{os.getpid()}\n")
+
+        threads = [threading.Thread(target=loop) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+
+
+def hold(directory: Path, owner: str, digests: list[str]) -> None:
+    """Hold blobs, say so, and wait to be killed (or for stdin to close)."""
+    with CacheTier(config(directory, 1 << 30), reconcile=False) as tier:
+        tier.hold(owner, digests)
+        print("held", flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    mode, args = sys.argv[1], sys.argv[2:]
+    if mode == "race":
+        race(Path(args[0]), args[1], Path(args[2]), int(args[3]))
+    elif mode == "hold":
+        hold(Path(args[0]), args[1], args[2:])
+    else:
+        sys.exit(f"unknown mode {mode}")
