@@ -125,7 +125,10 @@ class FetchConfig:
     hedge: bool = True
     hedge_factor: float = 2.0  # a request slower than p95 * factor is raced
     hedge_min_delay: float = 0.2  # seconds; never hedge sooner than this
-    durable: bool = True  # fdatasync blocks before the index records them
+    # fdatasync each block before the index records it. Off by default: a block survives a
+    # process kill in the page cache anyway, blocks recorded without it carry the boot id and
+    # are fetched again after a reboot, and complete blobs are always fsynced before commit.
+    durable: bool = False
     retry: RetryConfig = field(default_factory=RetryConfig)
 
     def __post_init__(self) -> None:
