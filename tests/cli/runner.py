@@ -33,3 +33,17 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def run_here(args: Sequence[str], capsys) -> subprocess.CompletedProcess:
+    """Run the command in this process (faster than a subprocess; same code path from argv to exit)."""
+    from stager.cli import main
+
+    capsys.readouterr()
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)

@@ -16,7 +16,7 @@ from stager.manifest import MANIFEST_PATH, read_manifest_file
 from stager.write import encode_shard
 from stager.testing.fault_plan import FaultPlan
 
-from .runner import assert_one_line_error, run, start
+from .runner import assert_one_line_error, run, run_here, start
 
 
 def write_files(root, count=5, seed=0):
@@ -47,12 +47,13 @@ def test_folder_and_s3_bucket_give_equal_manifests(tmp_path, s3_bucket):
     assert manifest[manifest.index_of("notes.txt")].tokens is None
 
 
-def test_include_exclude_and_check(tmp_path):
+def test_include_exclude_and_check(tmp_path, capsys):
     write_files(tmp_path)
-    run(["index", str(tmp_path), "--include", "*.bin", "--exclude", "sub/*"], check=True)
+    assert run_here(["index", str(tmp_path), "--include", "*.bin", "--exclude", "sub/*"], capsys).returncode == 0
     manifest = read_manifest_file(str(tmp_path / MANIFEST_PATH))
     assert manifest.paths == ["part-0.bin", "part-2.bin", "part-4.bin"]
-    result = run(["index", "--check", str(tmp_path)], check=True)
+    result = run_here(["index", "--check", str(tmp_path)], capsys)
+    assert result.returncode == 0
     assert "valid, 3 files" in result.stdout
 
 
@@ -89,9 +90,9 @@ BAD = {
 }
 
 
-def write_bad_manifest(root, kind):
+def write_bad_manifest(root, kind, capsys):
     write_files(root, count=3)
-    run(["index", str(root), "--block-size", "64KiB"], check=True)
+    assert run_here(["index", str(root), "--block-size", "64KiB"], capsys).returncode == 0
     path = root / MANIFEST_PATH
     if kind in ("truncated", "random"):
         data = path.read_bytes()
@@ -116,19 +117,24 @@ def write_bad_manifest(root, kind):
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
-def test_bad_manifests_give_one_clear_line_and_non_zero_exit(kind, tmp_path):
-    write_bad_manifest(tmp_path / "ds", kind)
+def test_bad_manifests_give_one_clear_line_and_non_zero_exit(kind, tmp_path, capsys):
+    write_bad_manifest(tmp_path / "ds", kind, capsys)
     name = str(tmp_path / "ds" / MANIFEST_PATH)
-    result = run(["index", "--check", str(tmp_path / "ds")])
+    result = run_here(["index", "--check", str(tmp_path / "ds")], capsys)
     assert_one_line_error(result, name, BAD[kind])
     # and every command that loads it refuses it the same way
-    staged = run(["stage", str(tmp_path / "ds"), "--cache", str(tmp_path / "cache"), "--capacity", "100MB"])
+    staged = run_here(["stage", str(tmp_path / "ds"), "--cache", str(tmp_path / "cache"), "--capacity", "100MB"], capsys)
     assert_one_line_error(staged, BAD[kind])
 
 
-def test_missing_manifest_and_bad_flags_are_one_line_errors(tmp_path):
-    assert_one_line_error(run(["index", "--check", str(tmp_path)]), "no manifest", "stager index")
-    result = run(["stage", str(tmp_path), "--capacity", "lots"])
+def test_a_bad_manifest_as_a_real_process(tmp_path, capsys):
+    write_bad_manifest(tmp_path / "ds", "traversal", capsys)
+    assert_one_line_error(run(["index", "--check", str(tmp_path / "ds")]), BAD["traversal"])
+
+
+def test_missing_manifest_and_bad_flags_are_one_line_errors(tmp_path, capsys):
+    assert_one_line_error(run_here(["index", "--check", str(tmp_path)], capsys), "no manifest", "stager index")
+    result = run_here(["stage", str(tmp_path), "--capacity", "lots"], capsys)
     assert_one_line_error(result, "--capacity")
     (tmp_path / "bad.toml").write_text("cache = [unclosed")
-    assert_one_line_error(run(["--config", str(tmp_path / "bad.toml"), "status"]), "bad.toml", "TOML")
+    assert_one_line_error(run_here(["--config", str(tmp_path / "bad.toml"), "status"], capsys), "bad.toml", "TOML")
