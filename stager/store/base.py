@@ -1,0 +1,220 @@
+"""The store interface: what the engine, the cache and replication may ask of an origin.
+
+A :class:`Store` is rooted at one URL and addresses objects by a relative,
+``/``-separated path. The async methods are the truth; there is no sync API.
+Every implementation retries through :class:`~stager.store.retry.RetryPolicy`
+and raises only :class:`~stager.errors.OriginError` subclasses.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Mapping
+
+from ..errors import OriginError
+
+#: ``check(data)`` verifies a body before it is returned; it raises
+#: :class:`~stager.errors.CorruptData` to have the read retried.
+Check = Callable[[bytes], None]
+
+
+class InvalidPath(OriginError, ValueError):
+    """A path given to a store is empty, absolute, or climbs out of the root (``..``)."""
+
+
+class InvalidRange(OriginError, ValueError):
+    """A byte range is negative, reversed, or reaches past the end of the object. Never retried."""
+
+
+class UnsupportedOperation(OriginError):
+    """The origin cannot do this at all (listing an HTTP server, writing to it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object of a store: its path relative to the root, its size, its mtime (epoch seconds) if known."""
+
+    path: str
+    size: int
+    mtime: float | None = None
+
+
+def validate_path(path: str) -> str:
+    """Return ``path`` if it is a safe relative object path, else raise :class:`InvalidPath`.
+
+    Safe means: a non-empty ``str``, ``/``-separated, not absolute, no empty,
+    ``.`` or ``..`` segment, no NUL and no backslash.
+    """
+    if not isinstance(path, str) or not path:
+        raise InvalidPath(f"{path!r}: an object path must be a non-empty string")
+    if path.startswith("/"):
+        raise InvalidPath(f"{path!r}: an object path must be relative to the store's root")
+    if "\x00" in path or "\\" in path:
+        raise InvalidPath(f"{path!r}: an object path must not contain NUL or backslash")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidPath(f"{path!r}: empty, '.' and '..' segments are not allowed")
+    return path
+
+
+def validate_range(path: str, start: int, end: int) -> None:
+    """Raise :class:`InvalidRange` unless ``0 <= start <= end``."""
+    if not (isinstance(start, int) and isinstance(end, int)) or start < 0 or end < start:
+        raise InvalidRange(f"{path}: invalid byte range [{start}, {end})")
+
+
+class Upload(abc.ABC):
+    """A large object written in numbered parts, made visible only by :meth:`complete`.
+
+    Parts are numbered from 1. Every part but the last holds exactly the
+    ``part_size`` given to :meth:`Store.open_upload`; the last may be shorter.
+    Parts may be written in any order and concurrently, and a part may be
+    written again (the last write wins). Until :meth:`complete` returns,
+    nothing is visible at the destination; :meth:`abort` discards it all.
+    """
+
+    @abc.abstractmethod
+    async def write_part(self, part_number: int, data: bytes) -> None:
+        """Store one part.
+
+        Raises:
+            ValueError: bad part number or a part of the wrong size.
+            OriginError: the origin refused it or stayed unavailable.
+        """
+
+    @abc.abstractmethod
+    async def complete(self) -> None:
+        """Make the object visible atomically, made of parts 1..N.
+
+        Raises:
+            ValueError: parts missing (not contiguous from 1).
+            OriginError: the origin refused it or stayed unavailable.
+        """
+
+    @abc.abstractmethod
+    async def abort(self) -> None:
+        """Discard every part written so far. Safe to call more than once."""
+
+    @property
+    def token(self) -> str | None:
+        """An opaque string for :meth:`Store.resume_upload` to continue this upload later,
+        from this process or another one on the same machine; None if it cannot be resumed."""
+        return None
+
+    async def __aenter__(self) -> Upload:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # Abort on error; the caller completes explicitly on success.
+        if exc_type is not None:
+            await self.abort()
+
+
+class Store(abc.ABC):
+    """An origin rooted at :attr:`url`. See the package docstring for the contract."""
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """The root URL (``file:///abs/dir``, ``s3://bucket/prefix``, ``https://host/dir``)."""
+
+    @abc.abstractmethod
+    async def list(self) -> list[ObjectInfo]:
+        """Every object below the root, recursively, sorted by path.
+
+        Raises:
+            UnsupportedOperation: the origin cannot list (plain HTTP).
+            OriginError: listing failed.
+        """
+
+    async def scan(self) -> AsyncIterator[list[ObjectInfo]]:
+        """Every object below the root, in pages in no particular order.
+
+        For listings too large to hold at once (millions of objects): stores
+        that can page their listing override this; the default yields
+        :meth:`list` as one page.
+
+        Raises:
+            UnsupportedOperation, OriginError: as :meth:`list`.
+        """
+        yield await self.list()
+
+    @abc.abstractmethod
+    async def info(self, path: str) -> ObjectInfo:
+        """Size and mtime of one object.
+
+        Raises:
+            ShardNotFound: no such object (or it is a directory).
+            OriginError: any other failure, after retries.
+        """
+
+    @abc.abstractmethod
+    async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
+        """Exactly the ``end - start`` bytes of ``[start, end)``.
+
+        ``check(data)`` may raise :class:`~stager.errors.CorruptData`; the read
+        is then retried within the same retry budget. A body of the wrong
+        length is a :class:`~stager.errors.TransientOriginError`, retried too.
+
+        Raises:
+            InvalidRange: ``start > end``, negative, or ``end`` past the object's end.
+            ShardNotFound, AccessDenied: at once, never retried.
+            OriginUnavailable: transient failures outlasted the retry budget.
+            OriginChanged: the last attempts all failed ``check``.
+        """
+
+    @abc.abstractmethod
+    async def read(self, path: str) -> bytes:
+        """The whole object (for small things such as manifests). Raises like :meth:`read_range`."""
+
+    @abc.abstractmethod
+    async def write(self, path: str, data: bytes) -> None:
+        """Write a whole object atomically: readers see the old bytes or the new, never a mix.
+
+        Raises:
+            UnsupportedOperation: read-only origin.
+            OriginError: the write failed (after retries).
+        """
+
+    @abc.abstractmethod
+    async def delete(self, path: str) -> None:
+        """Delete one object. Deleting an absent object is not an error."""
+
+    @abc.abstractmethod
+    async def exists(self, path: str) -> bool:
+        """Whether an object (not a directory) exists at ``path``."""
+
+    @abc.abstractmethod
+    async def open_upload(self, path: str, *, part_size: int) -> Upload:
+        """Start a multipart write of a large object (see :class:`Upload`)."""
+
+    async def resume_upload(self, path: str, *, part_size: int, token: str, parts: Mapping[int, int]) -> Upload:
+        """Continue an upload from :meth:`open_upload`, maybe started by a process since killed.
+
+        Args:
+            path, part_size: as given to :meth:`open_upload`.
+            token: the upload's :attr:`Upload.token`.
+            parts: the parts known to be written (number -> size); others are written again.
+                Stores that can list an upload's parts (S3) check them; the others trust them.
+
+        Raises:
+            ShardNotFound: the upload is gone (completed, aborted, expired), or the origin
+                says it lacks one of ``parts``: start a new one.
+            UnsupportedOperation: this store cannot resume uploads.
+            OriginError: the origin failed (after retries).
+        """
+        raise UnsupportedOperation(f"{self.url}: this store cannot resume an upload")
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections and threads. The store must not be used afterwards."""
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

@@ -1,0 +1,293 @@
+"""A store over any fsspec filesystem (s3://, gs://, az://, memory://, ...).
+
+Async filesystems (s3fs, gcsfs, adlfs) are created with ``asynchronous=True``
+and their ``_verb`` coroutines are awaited on the running loop; sync ones run
+in a bounded thread pool. Ranged reads call ``cat_file(path, start, end)``
+directly: fsspec's buffered file objects would read ahead and cache bytes we
+do not want. The filesystem instance is private to the store
+(``skip_instance_cache``), so it is bound to the loop that uses it, and its
+listing cache is off so :meth:`FsspecStore.list` sees what the origin has now.
+
+Retrying belongs to :class:`~stager.store.retry.RetryPolicy`, so for s3fs
+both retry layers below it are turned off: botocore's (``total_max_attempts``
+1) and s3fs's own ``_error_wrapper`` loop (``retries = 1``). Whole-object
+writes use the backend's single write (for S3 a PUT, or a multipart upload
+that becomes visible only when completed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Mapping
+
+import fsspec
+from fsspec.core import split_protocol
+
+from ..config import RetryConfig
+from ..errors import ShardNotFound, TransientOriginError
+from .bandwidth import BandwidthLimiter
+from .base import Check, InvalidRange, ObjectInfo, Store, Upload, validate_path, validate_range
+from .parts import PartLedger
+from .retry import RetryPolicy
+from .stats import OriginStats
+from .translate import translated
+
+#: Name prefix of the local spool files of :class:`SpooledUpload`.
+SPOOL_PREFIX = "stager-upload-"
+
+#: Protocols served by s3fs.
+S3_PROTOCOLS = ("s3", "s3a")
+
+
+def s3fs_options(storage_options: Mapping[str, Any], retry: RetryConfig) -> dict[str, Any]:
+    """Storage options for s3fs with its and botocore's retries off and timeouts from ``retry``."""
+    options = dict(storage_options)
+    config = dict(options.get("config_kwargs") or {})
+    config["retries"] = {"total_max_attempts": 1, "mode": "standard"}
+    config.setdefault("connect_timeout", min(retry.request_timeout, 10.0))
+    config.setdefault("read_timeout", retry.request_timeout)
+    options["config_kwargs"] = config
+    options.setdefault("use_listings_cache", False)
+    return options
+
+
+class FsspecStore(Store):
+    """A :class:`~stager.store.base.Store` rooted at an fsspec URL.
+
+    Args:
+        url: ``protocol://bucket/prefix``.
+        storage_options: passed to the filesystem (endpoint, credentials, ...).
+        retry, bandwidth, stats, concurrency: see :func:`stager.store.open_store`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        retry: RetryConfig | None = None,
+        bandwidth: BandwidthLimiter | None = None,
+        stats: OriginStats | None = None,
+        concurrency: int = 16,
+    ) -> None:
+        retry = retry or RetryConfig()
+        protocol, _ = split_protocol(url)
+        protocol = protocol or "file"
+        with translated(url):
+            cls = fsspec.get_filesystem_class(protocol)
+        options = dict(storage_options or {})
+        if protocol in S3_PROTOCOLS:
+            options = s3fs_options(options, retry)
+        self._async = bool(getattr(cls, "async_impl", False))
+        if self._async:
+            options["asynchronous"] = True
+        options["skip_instance_cache"] = True
+        self.fs = cls(**options)
+        if protocol in S3_PROTOCOLS:
+            self.fs.retries = 1  # s3fs's _error_wrapper: one attempt; RetryPolicy does the rest
+        self.protocol = protocol
+        self.root = cls._strip_protocol(url).rstrip("/")
+        self._url = f"{protocol}://{self.root}"
+        self.stats = stats if stats is not None else OriginStats()
+        self.retry = RetryPolicy(retry, stats=self.stats, concurrency=concurrency)
+        self.bandwidth = bandwidth
+        self._executor = (
+            None if self._async else ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="stager-fsspec")
+        )
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def _full(self, path: str) -> str:
+        return f"{self.root}/{validate_path(path)}"
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a filesystem method: ``_method`` awaited if async, ``method`` in the pool if not."""
+        if self._async:
+            return await getattr(self.fs, "_" + method)(*args, **kwargs)
+        fn = partial(getattr(self.fs, method), *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def _run(self, method: str, *args: Any, what: str, **kwargs: Any) -> Any:
+        """One retried, translated filesystem call."""
+
+        async def attempt() -> Any:
+            with translated(what):
+                return await self._call(method, *args, **kwargs)
+
+        return await self.retry.run(attempt, what=what)
+
+    async def list(self) -> list[ObjectInfo]:
+        found = await self._run("find", self.root, detail=True, what=self.url)
+        prefix = self.root + "/"
+        out = []
+        for name, entry in found.items():
+            name = self.fs._strip_protocol(name)
+            if entry.get("type", "file") != "file" or not name.startswith(prefix):
+                continue
+            out.append(ObjectInfo(name[len(prefix):], int(entry.get("size") or 0), _mtime(entry)))
+        out.sort(key=lambda o: o.path)
+        return out
+
+    async def info(self, path: str) -> ObjectInfo:
+        entry = await self._run("info", self._full(path), what=path)
+        if entry.get("type", "file") != "file":
+            raise ShardNotFound(f"{path}: not an object (a {entry.get('type')})")
+        return ObjectInfo(path, int(entry.get("size") or 0), _mtime(entry))
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.info(path)
+        except ShardNotFound:
+            return False
+        return True
+
+    async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
+        full = self._full(path)
+        validate_range(path, start, end)
+        what = f"{path} [{start}, {end})"
+        if start == end:
+            await self.info(path)  # still fail on a missing object
+            if check is not None:
+                check(b"")
+            return b""
+
+        async def attempt() -> bytes:
+            if self.bandwidth is not None:
+                await self.bandwidth.acquire(end - start)
+            with translated(what):
+                data = await self._call("cat_file", full, start=start, end=end)
+            self.stats.bytes_read += len(data)
+            if len(data) != end - start:
+                await self._short_body(path, what, len(data), end - start, end)
+            if check is not None:
+                check(data)
+            return data
+
+        return await self.retry.run(attempt, what=what)
+
+    async def _short_body(self, path: str, what: str, got: int, expected: int, end: int) -> None:
+        """Raise InvalidRange if the object ends before ``end``, else TransientOriginError."""
+        with translated(what):
+            size = int((await self._call("info", self._full(path)))["size"])
+        if end > size:
+            raise InvalidRange(f"{what}: past the end of the object ({size} bytes)")
+        raise TransientOriginError(f"{what}: got {got} bytes, expected {expected}")
+
+    async def read(self, path: str) -> bytes:
+        full = self._full(path)
+
+        async def attempt() -> bytes:
+            with translated(path):
+                data = await self._call("cat_file", full)
+            self.stats.bytes_read += len(data)
+            return data
+
+        return await self.retry.run(attempt, what=path)
+
+    async def write(self, path: str, data: bytes) -> None:
+        full = self._full(path)
+        if self.bandwidth is not None:
+            await self.bandwidth.acquire(len(data))
+        await self._run("pipe_file", full, data, what=path)
+        self.stats.bytes_written += len(data)
+
+    async def delete(self, path: str) -> None:
+        try:
+            await self._run("rm_file", self._full(path), what=path)
+        except ShardNotFound:
+            pass
+
+    async def open_upload(self, path: str, *, part_size: int) -> Upload:
+        return SpooledUpload(self, path, self._full(path), PartLedger(path, part_size))
+
+    async def resume_upload(self, path: str, *, part_size: int, token: str, parts: Mapping[int, int]) -> Upload:
+        # The token is the spool file: resumable on the same machine, which is where the caller's journal lives.
+        if not os.path.basename(token).startswith(SPOOL_PREFIX) or not os.path.isfile(token):
+            raise ShardNotFound(f"{path}: upload spool {token!r} is gone")
+        ledger = PartLedger(path, part_size)
+        for number, size in sorted(parts.items()):
+            ledger.add(number, size)
+        return SpooledUpload(self, path, self._full(path), ledger, spool=token)
+
+    async def close(self) -> None:
+        client = getattr(self.fs, "_s3", None)  # s3fs: the aiobotocore client, if one was made
+        if client is not None:
+            await client.close()
+            self.fs._s3 = None
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
+
+
+class SpooledUpload(Upload):
+    """For filesystems without a multipart API: parts go to a local temp file, uploaded once on complete."""
+
+    def __init__(self, store: FsspecStore, path: str, full: str, ledger: PartLedger, spool: str | None = None) -> None:
+        self._store = store
+        self._path = path
+        self._full = full
+        self._ledger = ledger
+        if spool is None:
+            fd, spool = tempfile.mkstemp(prefix=SPOOL_PREFIX)
+            os.close(fd)
+        self._spool = spool
+        self._open = True
+
+    @property
+    def token(self) -> str | None:
+        return self._spool if self._open else None
+
+    async def write_part(self, part_number: int, data: bytes) -> None:
+        offset = self._ledger.add(part_number, len(data))
+        await asyncio.to_thread(_pwrite_at, self._spool, offset, data)
+
+    async def complete(self) -> None:
+        size = self._ledger.total()
+        await asyncio.to_thread(os.truncate, self._spool, size)
+        store = self._store
+        if store.bandwidth is not None:
+            await store.bandwidth.acquire(size)
+        try:
+            await store._run("put_file", self._spool, self._full, what=self._path)
+            store.stats.bytes_written += size
+        finally:
+            await self.abort()
+
+    async def abort(self) -> None:
+        self._open = False
+        try:
+            os.unlink(self._spool)
+        except FileNotFoundError:
+            pass
+
+
+def _pwrite_at(path: str, offset: int, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view = view[n:]
+            offset += n
+    finally:
+        os.close(fd)
+
+
+def _mtime(entry: Mapping[str, Any]) -> float | None:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = entry.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return None

@@ -1,0 +1,463 @@
+"""The S3 store: s3fs for listing, metadata and writes; a lean signed-GET path for reads.
+
+Reading is what stager does most, and botocore's per-request machinery
+(endpoint rules, parsing, its streaming body) costs more CPU than the bytes
+themselves at loopback speeds. So ranged and whole-object reads are plain
+aiohttp GETs signed with botocore's own SigV4 signer (``S3SigV4Auth``),
+their bodies checked by :func:`~stager.store.range_body.read_range_body`.
+``HEAD`` (:meth:`S3Store.info`) takes the same path: one request, where
+s3fs's ``info`` adds a listing to tell a missing key from a "directory".
+Writes of bytes (``PUT`` of a whole object, ``UploadPart``) take the same
+path, sent as ``UNSIGNED-PAYLOAD`` (as S3 clients do over TLS) and without
+botocore's ``Expect: 100-continue``: replication sends every byte it reads, and
+hashing each body with SHA-256 for the signature doubled the client's CPU per
+byte (the bytes were verified against the manifest as they were read; ``stager
+replicate --verify`` reads the copy back). Everything else (listing, delete,
+starting, completing and listing multipart uploads) goes through s3fs and
+aiobotocore, where speed matters less than completeness.
+
+Both paths see the same configuration: the endpoint, region and addressing
+style come from the aiobotocore client s3fs builds (so ``endpoint_url`` in
+storage options, ``AWS_ENDPOINT_URL``, profiles and config files all apply),
+and credentials from the storage options (``key``/``secret``/``token``) or
+else the aiobotocore session's provider chain (``AWS_*`` variables, profile,
+instance metadata; refreshed as they expire). ``anon=True`` sends unsigned
+requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any, AsyncIterator, Mapping
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+import yarl
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from aiobotocore.session import AioSession
+from botocore.credentials import Credentials
+
+from ..config import RetryConfig
+from ..errors import AccessDenied, ShardNotFound, TransientOriginError
+from .bandwidth import BandwidthLimiter
+from .base import Check, ObjectInfo, Upload, validate_range
+from .fsspec_store import FsspecStore
+from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session
+from .parts import PartLedger
+from .range_body import range_header
+from .stats import OriginStats
+from .translate import translated
+
+DEFAULT_REGION = "us-east-1"
+#: The largest single PUT S3 accepts; larger whole-object writes go through s3fs's multipart path.
+MAX_PUT = 5 * 2**30
+logger = logging.getLogger(__name__)
+
+
+class S3Store(FsspecStore):
+    """A :class:`~stager.store.base.Store` over ``s3://bucket/prefix``.
+
+    Args:
+        url: ``s3://bucket[/prefix]``.
+        storage_options: s3fs options (``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ...).
+        retry, bandwidth, stats, concurrency: see :func:`stager.store.open_store`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        retry: RetryConfig | None = None,
+        bandwidth: BandwidthLimiter | None = None,
+        stats: OriginStats | None = None,
+        concurrency: int = 16,
+    ) -> None:
+        super().__init__(
+            url, storage_options, retry=retry, bandwidth=bandwidth, stats=stats, concurrency=concurrency
+        )
+        self._concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+        self._signer: _Signer | None = None
+        self._connect_lock = asyncio.Lock()
+        self._models_loaded = False
+        if self.fs.session is None:
+            # s3fs would make this on first use; making it now lets _connect parse
+            # botocore's model files in a thread rather than on the event loop.
+            self.fs.session = AioSession(**self.fs.kwargs)
+
+    async def _connect(self) -> Any:
+        """The aiobotocore client, created once; its model files parsed off the event loop."""
+        if not self._models_loaded:
+            async with self._connect_lock:
+                if not self._models_loaded:
+                    await asyncio.to_thread(_preload_models, self.fs.session)
+                    self._models_loaded = True
+        with translated(self.url):
+            return await self.fs.set_session()
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        await self._connect()
+        return await super()._call(method, *args, **kwargs)
+
+    async def _get_signer(self) -> _Signer:
+        if self._signer is None:
+            client = await self._connect()
+            async with self._connect_lock:
+                if self._signer is None:
+                    with translated(self.url):
+                        self._signer = await _Signer.create(self.fs, client)
+        return self._signer
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = new_session(self._concurrency)
+        return self._session
+
+    async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
+        bucket, key = self._bucket_key(path)
+        validate_range(path, start, end)
+        what = f"{path} [{start}, {end})"
+        if start == end:
+            await self.info(path)
+            if check is not None:
+                check(b"")
+            return b""
+
+        async def attempt() -> bytes:
+            if self.bandwidth is not None:
+                await self.bandwidth.acquire(end - start)
+            signer = await self._get_signer()
+            url, headers = await signer.sign("GET", bucket, key, {"Range": range_header(start, end)})
+            data = await fetch_range(self.session, url, headers, start, end, what, self.stats)
+            if check is not None:
+                check(data)
+            return data
+
+        return await self.retry.run(attempt, what=what)
+
+    async def info(self, path: str) -> ObjectInfo:
+        bucket, key = self._bucket_key(path)
+
+        async def attempt() -> ObjectInfo:
+            signer = await self._get_signer()
+            url, headers = await signer.sign("HEAD", bucket, key, {})
+            with translated(path):
+                async with self.session.head(url, headers=headers) as resp:
+                    if resp.status >= 300:
+                        raise await error_from_response(resp, path)
+                    if resp.content_length is None:
+                        raise TransientOriginError(f"{path}: HEAD answer without Content-Length")
+                    return ObjectInfo(path, resp.content_length, last_modified(resp))
+
+        return await self.retry.run(attempt, what=path)
+
+    async def read(self, path: str) -> bytes:
+        bucket, key = self._bucket_key(path)
+
+        async def attempt() -> bytes:
+            signer = await self._get_signer()
+            url, headers = await signer.sign("GET", bucket, key, {})
+            return await fetch_all(self.session, url, headers, path, self.stats)
+
+        return await self.retry.run(attempt, what=path)
+
+    def _bucket_key(self, path: str) -> tuple[str, str]:
+        bucket, key, _ = self.fs.split_path(self._full(path))
+        return bucket, key
+
+    async def write(self, path: str, data: bytes) -> None:
+        if len(data) > MAX_PUT:
+            return await super().write(path, data)
+        bucket, key = self._bucket_key(path)
+
+        async def attempt() -> None:
+            if self.bandwidth is not None:
+                await self.bandwidth.acquire(len(data))
+            signer = await self._get_signer()
+            url, headers = await signer.sign("PUT", bucket, key, {}, unsigned_payload=True)
+            await _put(self.session, url, headers, data, path)
+
+        await self.retry.run(attempt, what=path)
+        self.stats.bytes_written += len(data)
+
+    async def open_upload(self, path: str, *, part_size: int) -> Upload:
+        bucket, key = self._bucket_key(path)
+        ledger = PartLedger(path, part_size)
+
+        async def start() -> str:
+            client = await self._connect()
+            with translated(path):
+                return (await client.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
+
+        upload_id = await self.retry.run(start, what=f"{path} (start upload)")
+        return S3Upload(self, path, bucket, key, upload_id, ledger)
+
+    async def resume_upload(self, path: str, *, part_size: int, token: str, parts: Mapping[int, int]) -> Upload:
+        bucket, key = self._bucket_key(path)
+        ledger = PartLedger(path, part_size)
+        what = f"{path} (list upload parts)"
+        found: dict[int, tuple[int, str]] = {}
+        marker = 0
+        while True:  # ListParts pages hold at most 1,000 parts; an upload has at most 10,000
+            async def page(marker: int = marker) -> Any:
+                client = await self._connect()
+                with translated(what):
+                    return await client.list_parts(Bucket=bucket, Key=key, UploadId=token, PartNumberMarker=marker)
+
+            out = await self.retry.run(page, what=what)
+            for part in out.get("Parts") or ():
+                found[int(part["PartNumber"])] = (int(part["Size"]), part["ETag"])
+            next_marker = int(out.get("NextPartNumberMarker") or 0)
+            if not out.get("IsTruncated") or next_marker <= marker:
+                break
+            marker = next_marker
+        upload = S3Upload(self, path, bucket, key, token, ledger)
+        for number, size in sorted(parts.items()):
+            if found.get(number, (None,))[0] != size:
+                raise ShardNotFound(f"{path}: upload {token[:24]} lacks part {number} ({size} bytes)")
+            ledger.add(number, size)
+            upload._etags[number] = found[number][1]
+        return upload
+
+    async def scan(self) -> AsyncIterator[list[ObjectInfo]]:
+        # One ListObjectsV2 page (up to 1,000 keys) at a time: s3fs's find() would build
+        # a dict per object for the whole listing first.
+        bucket, key = self._bucket_key_of_root()
+        prefix = f"{key}/" if key else ""
+        what = f"{self.url} (list)"
+        token: str | None = None
+        while True:
+            async def page(token: str | None = token) -> Any:
+                client = await self._connect()
+                with translated(what):
+                    extra = {"ContinuationToken": token} if token else {}
+                    return await client.list_objects_v2(Bucket=bucket, Prefix=prefix, **extra)
+
+            out = await self.retry.run(page, what=what)
+            found = [
+                ObjectInfo(entry["Key"][len(prefix):], int(entry.get("Size") or 0), _timestamp(entry))
+                for entry in out.get("Contents") or ()
+                if not entry["Key"].endswith("/") and len(entry["Key"]) > len(prefix)
+            ]
+            if found:
+                yield found
+            token = out.get("NextContinuationToken")
+            if not out.get("IsTruncated") or not token:
+                return
+
+    def _bucket_key_of_root(self) -> tuple[str, str]:
+        bucket, key, _ = self.fs.split_path(self.root)
+        return bucket, key.strip("/")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+        await super().close()
+
+
+class S3Upload(Upload):
+    """An S3 multipart upload: each part an ``UploadPart``, visible on ``CompleteMultipartUpload``."""
+
+    def __init__(self, store: S3Store, path: str, bucket: str, key: str, upload_id: str, ledger: PartLedger) -> None:
+        self._store = store
+        self._path = path
+        self._bucket = bucket
+        self._key = key
+        self._upload_id: str | None = upload_id
+        self._ledger = ledger
+        self._etags: dict[int, str] = {}
+
+    @property
+    def token(self) -> str | None:
+        return self._upload_id
+
+    def _id(self) -> str:
+        if self._upload_id is None:
+            raise ValueError(f"{self._path}: upload already completed or aborted")
+        return self._upload_id
+
+    async def _call(self, method: str, what: str, **kwargs: Any) -> Any:
+        store = self._store
+
+        async def attempt() -> Any:
+            client = await store._connect()
+            with translated(what):
+                return await getattr(client, method)(Bucket=self._bucket, Key=self._key, **kwargs)
+
+        return await store.retry.run(attempt, what=what)
+
+    async def write_part(self, part_number: int, data: bytes) -> None:
+        upload_id = self._id()
+        self._ledger.add(part_number, len(data))
+        store = self._store
+        what = f"{self._path} part {part_number}"
+        query = f"partNumber={part_number}&uploadId={quote(upload_id, safe='')}"
+
+        async def attempt() -> str:
+            if store.bandwidth is not None:
+                await store.bandwidth.acquire(len(data))
+            signer = await store._get_signer()
+            url, headers = await signer.sign("PUT", self._bucket, self._key, {}, query=query, unsigned_payload=True)
+            etag = await _put(store.session, url, headers, data, what)
+            if not etag:
+                raise TransientOriginError(f"{what}: the answer has no ETag")
+            return etag
+
+        self._etags[part_number] = await store.retry.run(attempt, what=what)
+        store.stats.bytes_written += len(data)
+
+    async def complete(self) -> None:
+        upload_id = self._id()
+        size = self._ledger.total()
+        if not self._etags:  # S3 wants at least one part: an empty object is a plain PUT
+            await self._store.write(self._path, b"")
+            await self.abort()
+            return
+        parts = [{"PartNumber": n, "ETag": self._etags[n]} for n in sorted(self._etags)]
+        try:
+            await self._call(
+                "complete_multipart_upload", f"{self._path} (complete upload)",
+                UploadId=upload_id, MultipartUpload={"Parts": parts},
+            )
+        except ShardNotFound:
+            # NoSuchUpload on a retry: the first attempt completed but its answer was lost.
+            if (await self._store.info(self._path)).size != size:
+                raise
+        self._upload_id = None
+
+    async def abort(self) -> None:
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is None:
+            return
+        try:
+            await self._call("abort_multipart_upload", f"{self._path} (abort upload)", UploadId=upload_id)
+        except ShardNotFound:
+            pass
+
+
+class _Signer:
+    """Builds the URL and SigV4 headers of a request, as the s3fs client would address it."""
+
+    def __init__(
+        self, endpoint: str, region: str, credentials: Any, virtual: bool, headers: Mapping[str, str] | None = None
+    ) -> None:
+        parts = urlsplit(endpoint)
+        self.headers = dict(headers or {})  # sent (and signed) with every request
+        self.scheme = parts.scheme or "https"
+        self.host = parts.netloc
+        self.base_path = parts.path.rstrip("/")
+        self.region = region
+        self.credentials = credentials  # None: unsigned (anonymous)
+        self.virtual = virtual
+
+    @classmethod
+    async def create(cls, fs: Any, client: Any) -> _Signer:
+        endpoint = client.meta.endpoint_url
+        region = client.meta.region_name or DEFAULT_REGION
+        style = ((fs.config_kwargs or {}).get("s3") or {}).get("addressing_style", "auto")
+        host = urlsplit(endpoint).hostname or ""
+        virtual = style == "virtual" or (style == "auto" and host.endswith(".amazonaws.com"))
+        headers = {"x-amz-request-payer": "requester"} if fs.requester_pays else {}
+        return cls(endpoint, region, await _credentials(fs), virtual, headers)
+
+    def url(self, bucket: str, key: str) -> str:
+        quoted = quote(key, safe="/~")
+        if self.virtual and "." not in bucket:
+            return f"{self.scheme}://{bucket}.{self.host}{self.base_path}/{quoted}"
+        return f"{self.scheme}://{self.host}{self.base_path}/{bucket}/{quoted}"
+
+    async def sign(self, method: str, bucket: str, key: str, headers: dict[str, str], *, query: str = "",
+                   unsigned_payload: bool = False) -> tuple[yarl.URL, dict[str, str]]:
+        """The URL and headers of a request; ``query`` is already encoded; a body goes as UNSIGNED-PAYLOAD."""
+        url = self.url(bucket, key) + (f"?{query}" if query else "")
+        if self.headers:
+            headers = {**self.headers, **headers}
+        if self.credentials is None:
+            return yarl.URL(url, encoded=True), headers
+        frozen = self.credentials.get_frozen_credentials()
+        if inspect.isawaitable(frozen):
+            frozen = await frozen
+        request = AWSRequest(method=method, url=url, headers=headers)
+        auth = _UnsignedPayloadAuth if unsigned_payload else S3SigV4Auth
+        auth(frozen, "s3", self.region).add_auth(request)
+        return yarl.URL(url, encoded=True), dict(request.headers.items())
+
+
+class _UnsignedPayloadAuth(S3SigV4Auth):
+    """SigV4 with ``x-amz-content-sha256: UNSIGNED-PAYLOAD``: the body is not hashed for the signature."""
+
+    def _should_sha256_sign_payload(self, request: AWSRequest) -> bool:
+        return False
+
+
+#: The head of a PUT body sent with the request headers; the rest follows as it is.
+_BODY_HEAD = 16 * 1024
+
+
+async def _body(data: bytes) -> AsyncIterator[memoryview]:
+    # aiohttp (before Python 3.12.9) joins the request headers with the first body chunk
+    # into one new bytes: for a whole 16 MiB part that is a copy of every byte sent. A
+    # small first chunk keeps that copy small; the rest is handed to the transport as is.
+    view = memoryview(data)
+    yield view[:_BODY_HEAD]
+    if len(view) > _BODY_HEAD:
+        yield view[_BODY_HEAD:]
+
+
+async def _put(session: aiohttp.ClientSession, url: yarl.URL, headers: Mapping[str, str], data: bytes,
+               what: str) -> str | None:
+    """One PUT of ``data``; returns the answer's ETag. Errors translated."""
+    headers = {**headers, "Content-Length": str(len(data))}  # a known length: not chunked
+    with translated(what):
+        async with session.put(url, data=_body(data), headers=headers) as resp:
+            if resp.status >= 300:
+                raise await error_from_response(resp, what)
+            await resp.read()
+            return resp.headers.get("ETag")
+
+
+def _timestamp(entry: Mapping[str, Any]) -> float | None:
+    value = entry.get("LastModified")
+    return float(value.timestamp()) if hasattr(value, "timestamp") else None
+
+
+def _preload_models(session: AioSession) -> None:
+    """Parse the S3 model files into the session's loader cache (blocking: run in a thread).
+
+    Creating a client parses a few MB of JSON (0.1-0.5 s of CPU); done here
+    first, the client's creation on the loop finds them cached. Only a
+    speed-up: if botocore's loader changes, the client parses them itself.
+    """
+    try:
+        loader = session.get_component("data_loader")
+        loader.load_service_model("s3", "service-2")
+        loader.load_service_model("s3", "endpoint-rule-set-1")
+        for name in ("endpoints", "partitions", "sdk-default-configuration", "_retry"):
+            loader.load_data(name)
+    except Exception as exc:  # noqa: BLE001 - an optimisation must never fail the store
+        logger.debug("could not preload botocore models: %r", exc)
+
+
+async def _credentials(fs: Any) -> Any:
+    """Static credentials from the storage options, else the session's provider chain; None if anonymous."""
+    if fs.anon:
+        return None
+    client_kwargs = fs.client_kwargs or {}
+    key = fs.key or client_kwargs.get("aws_access_key_id")
+    secret = fs.secret or client_kwargs.get("aws_secret_access_key")
+    token = fs.token or client_kwargs.get("aws_session_token")
+    if key and secret:
+        return Credentials(key, secret, token)
+    credentials = await fs.session.get_credentials()
+    if credentials is None:
+        raise AccessDenied(
+            f"s3: no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, "
+            "key/secret storage options, or anon=True)"
+        )
+    return credentials
