@@ -1,0 +1,449 @@
+"""Feeding a training loop: stager's TokenDataset vs memmap slicing, MosaicML streaming and LitData.
+
+One run, one corpus (uint16 token shards whose tokens count up, so any sample
+can be checked: its tokens must be consecutive modulo 2**16), every contender
+in its own process, side by side:
+
+(a) **warm**: the data already on local disk (stager's cache staged, the
+    peers' local copies complete). Sequences/s of batches of ``--batch``
+    sequences of ``--seq-len`` tokens, shuffled, one process, no workers:
+    - ``memmap``: the limit, random windows of the shard files copied with
+      NumPy into one batch (what any loader must at least do);
+    - ``stager``: ``TokenDataset(batch_size=B, batches=True)`` iterated as is
+      (int64 tensors of shape (B, seq_len), the memmap contender's output);
+    - ``stager per-sample``: ``TokenDataset`` with ``DataLoader(batch_size=B)``
+      (the classic API: per-sample tensors collated by torch in the loop);
+    - MosaicML ``StreamingDataset`` (MDS shards) and LitData ``StreamingDataset``
+      (``TokensLoader`` chunks), each with its own loader at batch ``B``.
+(b) **cold**: an empty cache, the origin is ``rclone serve s3`` behind the
+    fault proxy (latency, spikes, 503 SlowDown, 500, resets, flipped bytes,
+    and a bandwidth cap); the training loop "computes" for a fixed time per
+    step so it consumes at ``--consume`` x the origin bandwidth, and each
+    loader makes its batches in one DataLoader worker process, as in
+    training. For each of stager, MosaicML and LitData: time to first batch,
+    time blocked in ``next()``, the stall fraction after the first batch
+    (blocked / elapsed), p99 wait per step, and how many samples had wrong
+    tokens.
+
+The peers live in a separate virtual environment made by ``--setup``
+(``benchmarks/.venv-peers``: torch 2.14.1 + torchvision, MosaicML streaming
+0.13, LitData 0.2.76, NumPy < 2.2, as they require); when a peer cannot be
+installed or fails, the run says so and goes on with the others.
+
+Reproduce::
+
+    make bench
+    .venv/bin/python benchmarks/iterate.py --setup      # once: the peers' venv (several GB)
+    .venv/bin/python benchmarks/iterate.py              # the comparison
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PEERS_VENV = HERE / ".venv-peers"
+PEERS_PYTHON = PEERS_VENV / "bin" / "python"
+PEER_PACKAGES = ["torch==2.14.1", "torchvision==0.29.1", "mosaicml-streaming==0.13.0", "litdata==0.2.76",
+                 "obstore", "numpy<2.2", "xxhash"]
+KEYS = ("benchaccess0001", "benchsecret000000000001")
+
+
+# -- the corpus ------------------------------------------------------------------------------
+
+
+def write_corpus(directory: Path, shards: int, tokens: int):
+    """uint16 .bin shards whose tokens count up (mod 2**16), each from its own start, and their manifest."""
+    import numpy as np
+
+    from stager.write import write_token_shards
+
+    # Distinct starts: shards of a multiple of 2**16 tokens counting on from each other would be
+    # byte-identical, and a content-addressed cache would rightly stage one blob for all of them.
+    arrays = (((np.arange(tokens, dtype=np.int64) + i * 7919) % 65536).astype(np.uint16) for i in range(shards))
+    # 2 MiB blocks: a block a consumer waits for jumps the queue sooner than an 8 MiB one would.
+    return write_token_shards(directory, arrays, fmt="bin", block_size=2 << 20)
+
+
+def check_rows(batch) -> int:
+    """How many rows of a batch are not runs of consecutive tokens (mod 2**16)."""
+    import numpy as np
+
+    rows = np.asarray(batch).astype(np.int64)
+    if rows.ndim == 1:
+        rows = rows[None]
+    return int((((np.diff(rows, axis=1) % 65536) != 1).any(axis=1)).sum())
+
+
+# -- contenders (each runs in its own process: --contender NAME --phase warm|cold --spec JSON) -----
+
+
+def stager_loader(spec: dict, mode: str):
+    """``direct``: the TokenDataset iterated as is (batches; it has ``stats()``);
+    ``per-sample``: DataLoader(batch_size=B);
+    ``workers``: DataLoader(batch_size=None, num_workers=spec["workers"]) over batches."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from stager.config import FetchConfig, RetryConfig
+    from stager.torch import TokenDataset
+
+    fetch = FetchConfig(concurrency=16, durable=False,
+                        retry=RetryConfig(attempts=20, backoff_base=0.05, backoff_max=1.0, deadline=300))
+    options = spec.get("storage_options") or {}
+    ds = TokenDataset(spec["source"], storage_options=options, seq_len=spec["seq_len"], seed=0,
+                      batch_size=spec["batch"], batches=mode != "per-sample", cache_dir=spec["cache"],
+                      capacity=spec["capacity"], fetch=fetch, dtype=torch.int64, log_every=0, shuffle_window=4)
+    if mode == "direct":
+        return ds
+    if mode == "per-sample":
+        return DataLoader(ds, batch_size=spec["batch"])
+    return DataLoader(ds, batch_size=None, num_workers=spec["workers"])
+
+
+def memmap_loader(spec: dict):
+    """The limit: stager's own sample order, copied out of memory-mapped shard files into batches."""
+    import numpy as np
+    import torch
+
+    from stager.iterator import EpochOrder, OrderSpec, SampleIndex, SampleSpec
+    from stager.manifest import read_manifest_file
+
+    root = Path(spec["corpus"])
+    manifest = read_manifest_file(str(root / ".stager" / "manifest.parquet"))
+    maps = [np.memmap(root / p, dtype="<u2", mode="r").view(np.ndarray) for p in manifest.paths]
+    n, b = spec["seq_len"], spec["batch"]
+    order = EpochOrder(SampleIndex(manifest, SampleSpec(n)), OrderSpec(seed=0, shuffle_window=4), 0)
+    found = order.lookup(np.arange(len(order)))
+    shards, offsets = found.shards.tolist(), found.offsets.tolist()
+
+    def batches():
+        for i in range(0, len(shards), b):
+            out = np.empty((min(b, len(shards) - i), n), dtype=np.int64)
+            for r, (s, o) in enumerate(zip(shards[i:i + b], offsets[i:i + b])):
+                out[r] = maps[s][o:o + n]
+            yield torch.from_numpy(out)
+
+    return batches()
+
+
+def mosaic_loader(spec: dict):
+    from streaming import StreamingDataset
+    from torch.utils.data import DataLoader
+
+    remote = spec.get("mosaic_remote")
+    ds = StreamingDataset(remote=remote, local=spec["mosaic_local"], shuffle=True, shuffle_seed=0,
+                          batch_size=spec["batch"], predownload=spec["batch"] * 64)
+    loader = DataLoader(ds, batch_size=spec["batch"], num_workers=spec.get("workers", 0))
+    return (batch["tokens"] for batch in loader)
+
+
+def litdata_loader(spec: dict):
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+    source = spec.get("lit_remote") or spec["lit_local"]
+    kwargs = {}
+    if spec.get("lit_remote"):
+        kwargs.update(storage_options=spec["lit_storage_options"], cache_dir=spec["lit_local"])
+        from litdata.streaming import downloader
+
+        # LitData fetches chunks with obstore, whose client refuses http:// endpoints unless told
+        # (its allow_http client option; LitData 0.2.76 has no setting for it): the origin here is http.
+        downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
+    ds = StreamingDataset(source, item_loader=TokensLoader(block_size=spec["seq_len"]), shuffle=True, seed=0,
+                          max_cache_size="50GB", **kwargs)
+    return iter(StreamingDataLoader(ds, batch_size=spec["batch"], num_workers=spec.get("workers", 0)))
+
+
+def litdata_tokens(path: str):
+    """LitData's optimize() input: one shard's tokens (module level, so its worker can unpickle it)."""
+    import numpy as np
+    import torch
+
+    yield torch.from_numpy(np.fromfile(path, dtype="<u2").view(np.int16).copy()).view(torch.uint16)
+
+
+LOADERS = {
+    "memmap": memmap_loader,
+    "stager": lambda spec: stager_loader(spec, "direct"),
+    "stager per-sample": lambda spec: stager_loader(spec, "per-sample"),
+    "stager workers": lambda spec: stager_loader(spec, "workers"),
+    "mosaic": mosaic_loader,
+    "litdata": litdata_loader,
+}
+
+
+def run_warm(name: str, spec: dict) -> dict:
+    loader = iter(LOADERS[name](spec))
+    for _ in range(spec["warmup"]):
+        next(loader)
+    began, samples, wrong = time.perf_counter(), 0, 0
+    for _ in range(spec["steps"]):
+        batch = next(loader)
+        samples += len(batch)
+    seconds = time.perf_counter() - began
+    wrong += check_rows(batch)
+    return {"sequences_per_s": samples / seconds, "seconds": seconds, "wrong": wrong}
+
+
+def run_cold(name: str, spec: dict) -> dict:
+    began = time.perf_counter()
+    loader = LOADERS[name](spec)
+    stats = getattr(loader, "stats", None)  # stager in-process: its own account of waiting for data
+    loader = iter(loader)
+    waits, wrong, first, data_wait = [], 0, None, 0.0
+    step_time = spec["step_time"]
+    for _ in range(spec["steps"]):
+        t = time.perf_counter()
+        batch = next(loader)
+        now = time.perf_counter()
+        if first is None:
+            first = now - began
+            data_wait = -stats()["wait_seconds"] if stats else 0.0
+        else:
+            waits.append(now - t)
+        wrong += check_rows(batch)
+        time.sleep(step_time)  # the model's compute
+    elapsed = time.perf_counter() - began - first
+    waits.sort()
+    blocked = sum(waits)
+    result = {"first_batch_s": first, "blocked_s": blocked, "stall_fraction": blocked / elapsed if elapsed else 0.0,
+              "p99_wait_ms": 1000 * waits[int(0.99 * (len(waits) - 1))] if waits else 0.0, "wrong": wrong,
+              "seconds": elapsed + first}
+    if stats:
+        result["data_wait_s"] = data_wait + stats()["wait_seconds"]  # blocked on shards not staged yet
+    return result
+
+
+def contender_main(name: str, phase: str, spec: dict) -> None:
+    import torch  # noqa: F401 - imports take seconds on a busy machine: not part of any measurement
+
+    {"mosaic": lambda: __import__("streaming"), "litdata": lambda: __import__("litdata")}.get(
+        name, lambda: __import__("stager.torch"))()
+    result = (run_warm if phase == "warm" else run_cold)(name, spec)
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # peers leave worker threads behind; the result is out
+
+
+# -- peer formats (run in the peers' venv: --write mosaic|litdata SRC OUT) ------------------------
+
+
+def write_peer(kind: str, src: Path, out: Path, seq_len: int) -> None:
+    import numpy as np
+
+    shards = sorted(p for p in src.iterdir() if p.suffix == ".bin")
+    if kind == "mosaic":
+        from streaming import MDSWriter
+
+        with MDSWriter(out=str(out), columns={"tokens": f"ndarray:uint16:{seq_len}"}, compression=None,
+                       size_limit=1 << 26) as writer:
+            for path in shards:
+                tokens = np.fromfile(path, dtype="<u2")
+                for j in range(len(tokens) // seq_len):
+                    writer.write({"tokens": tokens[j * seq_len:(j + 1) * seq_len]})
+    elif kind == "litdata":
+        from litdata import optimize
+        from litdata.streaming.item_loader import TokensLoader
+
+        optimize(fn=litdata_tokens, inputs=[str(p) for p in shards], output_dir=str(out), chunk_bytes="64MB",
+                 item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+    else:
+        raise SystemExit(f"unknown peer format {kind}")
+
+
+# -- the orchestration ---------------------------------------------------------------------------
+
+
+def setup() -> None:
+    """Make the peers' venv (the benchmark's own setup step)."""
+    if not PEERS_PYTHON.exists():
+        base = getattr(sys, "_base_executable", sys.executable)  # the interpreter behind this venv
+        subprocess.run([base, "-m", "venv", str(PEERS_VENV)], check=True)
+    (PEERS_VENV / ".gitignore").write_text("*\n")  # never committed
+    subprocess.run([str(PEERS_PYTHON), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+
+
+def peer_status() -> dict[str, str | None]:
+    """None for a usable peer, else why it cannot run here."""
+    status: dict[str, str | None] = {}
+    for name, module in (("mosaic", "streaming"), ("litdata", "litdata")):
+        if not PEERS_PYTHON.exists():
+            status[name] = f"no peers venv at {PEERS_VENV} (run with --setup)"
+            continue
+        probe = subprocess.run([str(PEERS_PYTHON), "-c", f"import {module}"], capture_output=True, text=True)
+        status[name] = None if probe.returncode == 0 else f"import {module} failed: " + \
+            (probe.stderr.strip().splitlines() or ["?"])[-1]
+    return status
+
+
+def run_contender(name: str, phase: str, spec: dict, timeout: float) -> dict:
+    python = str(PEERS_PYTHON) if name in ("mosaic", "litdata") else sys.executable
+    env = {**os.environ, **spec.get("env", {}), "PYTHONPATH": str(REPO)}
+    try:
+        proc = subprocess.run([python, __file__, "--contender", name, "--phase", phase, "--spec", json.dumps(spec)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish within {timeout:.0f} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"exit {proc.returncode}: {tail[:200]}"}
+
+
+def table(rows: list[list[object]], headers: list[str]) -> str:
+    cells = [headers] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--setup", action="store_true", help="make the peers' venv, then exit")
+    parser.add_argument("--mib", type=int, default=256, help="corpus size in MiB")
+    parser.add_argument("--shard-mib", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--warm-steps", type=int, default=3000)
+    parser.add_argument("--cold-steps", type=int, default=0, help="steps of the cold run (default: the epoch)")
+    parser.add_argument("--bandwidth-mb", type=float, default=16.0, help="origin bandwidth cap, MB/s")
+    parser.add_argument("--cold-batch", type=int, default=32,
+                        help="batch of the cold run (a step long enough that loader CPU is not the stall)")
+    parser.add_argument("--consume", type=float, default=0.5, help="training consumption / origin bandwidth")
+    parser.add_argument("--rounds", type=int, default=3, help="warm rounds (the best counts)")
+    parser.add_argument("--only", default="", help="comma-separated contenders to run")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--contender"), parser.add_argument("--phase"), parser.add_argument("--spec")
+    parser.add_argument("--write", nargs=3, metavar=("KIND", "SRC", "OUT"))
+    args = parser.parse_args()
+    if args.contender:
+        return contender_main(args.contender, args.phase, json.loads(args.spec))
+    if args.write:
+        return write_peer(args.write[0], Path(args.write[1]), Path(args.write[2]), args.seq_len)
+    if args.setup:
+        return setup()
+    compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(REPO))
+    from stager.testing import FaultPlan, FaultProxy, S3Server
+
+    only = set(filter(None, args.only.split(",")))
+    peers = peer_status()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="stager-iterate-"))
+    root = work / "s3"
+    corpus = root / "corpus"
+    shard_tokens = args.shard_mib * (1 << 20) // 2
+    shards = max(1, args.mib // args.shard_mib)
+    print(f"machine: {os.cpu_count()} cores, loopback; corpus: {shards} x {args.shard_mib} MiB uint16 shards, "
+          f"seq_len {args.seq_len}, batch {args.batch}; workdir {work}", flush=True)
+    if not (corpus / ".stager" / "manifest.parquet").exists():
+        write_corpus(corpus, shards, shard_tokens)
+    for stale in ("cache-warm", "cache-cold", "mosaic-cold", "lit-cold"):  # every run starts cold
+        shutil.rmtree(work / stale, ignore_errors=True)
+    for kind, folder in (("mosaic", "mds"), ("litdata", "lit")):
+        if peers[kind] is None and not (root / folder / "index.json").exists():
+            done = subprocess.run([str(PEERS_PYTHON), __file__, "--write", kind, str(corpus), str(root / folder),
+                                   "--seq-len", str(args.seq_len)], capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+            if done.returncode:
+                peers[kind] = "writing its format failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+    for kind, why in peers.items():
+        if why:
+            print(f"NOTE: {kind} cannot run here: {why}", flush=True)
+    wanted = lambda name: (not only or name in only) and peers.get(name.split()[0], None) is None  # noqa: E731
+
+    # (a) warm: every contender once per round, the best round counts (the machine is shared and noisy)
+    base = {"seq_len": args.seq_len, "batch": args.batch, "corpus": str(corpus), "capacity": 1 << 40,
+            "warmup": 50, "steps": args.warm_steps}
+    warm_cache = str(work / "cache-warm")
+    epoch_steps = shards * shard_tokens // args.seq_len // args.batch
+    run_contender("stager", "warm", dict(base, source=str(corpus), cache=warm_cache, steps=epoch_steps - 60),
+                  1800)  # stages the whole corpus into the cache first
+    specs = {
+        "memmap": base,
+        "stager": dict(base, source=str(corpus), cache=warm_cache),
+        "stager per-sample": dict(base, source=str(corpus), cache=warm_cache),
+        "mosaic": dict(base, mosaic_local=str(root / "mds")),
+        "litdata": dict(base, lit_local=str(root / "lit")),
+    }
+    warm: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for name, spec in specs.items():
+            if wanted(name):
+                r = run_contender(name, "warm", spec, 1800)
+                if "error" in r or r["sequences_per_s"] > warm.get(name, {}).get("sequences_per_s", -1):
+                    warm[name] = r
+    limit = warm.get("memmap", {}).get("sequences_per_s")
+    rows = []
+    for name, r in warm.items():
+        if "error" in r:
+            rows.append([name, "failed", "", r["error"]])
+        else:
+            ratio = f"{r['sequences_per_s'] / limit:.2f}x" if limit else ""
+            rows.append([name, f"{r['sequences_per_s']:,.0f}", ratio, f"wrong samples: {r['wrong']}"])
+    print(f"\n(a) warm, sequences/s (one process, shuffled, best of {args.rounds} rounds):")
+    print(table(rows, ["contender", "seq/s", "vs memmap", "notes"]), flush=True)
+
+    # (b) cold, through a slow and faulty origin; each loader makes batches in one worker process,
+    # beside the training loop, as in training
+    bandwidth = args.bandwidth_mb * 1e6
+    step_bytes = args.cold_batch * args.seq_len * 2
+    step_time = step_bytes / (bandwidth * args.consume)
+    plan = FaultPlan(latency_s=0.01, jitter_s=0.02, spike_p=0.02, spike_s=1.0, slowdown_p=0.02, error500_p=0.01,
+                     reset_p=0.01, flip_p=0.005, bandwidth_bps=bandwidth)
+    cold = {}
+    with S3Server(root, access_key=KEYS[0], secret_key=KEYS[1], etag_hash="") as server:
+        with FaultProxy(server.endpoint_url, plan, seed=1, credentials=server.credentials) as proxy:
+            env = server.env(proxy.url)
+            for name in ("stager", "stager workers", "mosaic", "litdata"):
+                if not wanted(name):
+                    continue
+                steps = args.cold_steps or shards * shard_tokens // args.seq_len // args.cold_batch - 4
+                spec = dict(base, batch=args.cold_batch, steps=steps, step_time=step_time, env=env,
+                            capacity=1 << 40, workers=1)
+                if name.startswith("stager"):
+                    shutil.rmtree(work / "cache-cold", ignore_errors=True)  # each stager run starts cold
+                    spec.update(source="s3://corpus", cache=str(work / "cache-cold"),
+                                storage_options=server.storage_options(proxy.url))
+                elif name == "mosaic":
+                    spec.update(mosaic_remote="s3://mds", mosaic_local=str(work / "mosaic-cold"),
+                                env={**env, "S3_ENDPOINT_URL": proxy.url})
+                else:
+                    spec.update(lit_remote="s3://lit", lit_local=str(work / "lit-cold"),
+                                lit_storage_options={"endpoint_url": proxy.url, "aws_access_key_id": KEYS[0],
+                                                     "aws_secret_access_key": KEYS[1], "region_name": "us-east-1"},
+                                env={**env, "AWS_ALLOW_HTTP": "true"})
+                cold[name] = run_contender(name, "cold", spec, 1800)
+            faults = proxy.faults
+    rows = []
+    for name, r in cold.items():
+        if "error" in r:
+            rows.append([name, "failed", "", "", "", "", r["error"]])
+        else:
+            data = f"{r['data_wait_s']:.2f}" if "data_wait_s" in r else "n/a"
+            rows.append([name, f"{r['first_batch_s']:.2f}", f"{r['blocked_s']:.2f}",
+                         f"{100 * r['stall_fraction']:.2f}%", f"{r['p99_wait_ms']:.1f}", data, str(r["wrong"])])
+    print(f"\n(b) cold start through the fault proxy (bandwidth {args.bandwidth_mb:g} MB/s; the loop consumes "
+          f"{args.consume:g}x of it: {1000 * step_time:.2f} ms of compute per step of {args.cold_batch} sequences; "
+          "stager in the loop's process, then each loader with one worker process); "
+          f"faults injected: {faults}")
+    print(table(rows, ["contender", "first batch s", "blocked s", "stall after 1st", "p99 wait ms",
+                       "of it on data s", "wrong samples"]))
+    print(f"\nreproduce: {sys.executable} {__file__} " + " ".join(a for a in sys.argv[1:] if a != "--setup"))
+
+
+if __name__ == "__main__":
+    main()

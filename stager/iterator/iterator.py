@@ -1,0 +1,434 @@
+"""``TokenIterator``: one consumer's stream of token samples, staged ahead and resumable.
+
+Per epoch, the iterator:
+
+1. deals this consumer its slice of the epoch's order (:mod:`.deal`,
+   :mod:`.order`), continuing where its state says it stopped;
+2. computes the shards of that slice in the order it will first touch them
+   and registers them as the plan of a session (:mod:`.staging`), so the
+   engine stages them ahead of the cursor, a few windows at a time; the first
+   shards of the next epoch go at the end, so the epoch boundary is staged too;
+3. walks the slice in blocks of positions mapped to (shard, token offset)
+   with NumPy, then per sample only slices an already-open array. Entering a
+   shuffle window, it tells the plan the past windows are done (``advance``:
+   eviction can take them) and opens every shard of the window (``ready``:
+   its verified cache file, fetched urgently if the prefetcher is behind).
+
+Samples are views of memory-mapped cache files (or copies of the requested
+``dtype``); with ``batch_size`` and ``batches=True`` they come as
+``(batch, sample_len)`` arrays. Only verified, complete cache files are ever
+opened; an origin failure that outlasts the retry budget raises its error,
+naming the shard, and no sample is made up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from ..cache.layout import CacheLayout
+from ..config import DEFAULT_CACHE_DIR, CacheConfig, FetchConfig, SourceConfig
+from ..errors import CacheError, CacheFull, ConfigError, OriginError, StagerError
+from ..manifest import Manifest
+from .deal import Layout, Remainder, Slice
+from .order import EpochOrder, OrderSpec
+from .readers import reader_for
+from .samples import SampleIndex, SampleSpec
+from .state import StreamState, from_loader_state
+from .staging import StagingLink, describe, load_manifest_sync
+from .stats import IteratorStats
+
+log = logging.getLogger(__name__)
+
+BLOCK = 8192  # positions mapped per NumPy call while reading
+PLAN_BLOCK = 1 << 20  # positions mapped per call while computing the plan
+AHEAD_LIMIT = 1 << 16  # samples looked at for the "steps ready ahead" figure
+CACHE_FULL_PATIENCE = 60.0  # seconds a consumer waits for room in a full cache before it gives up
+
+
+class TokenIterator:
+    """Fixed-length token samples of a staged dataset, in a deterministic, resumable order.
+
+    Args:
+        source: the dataset's URL or path (a :class:`SourceConfig` carries storage options too).
+        seq_len: tokens per sample (``seq_len + 1`` with ``with_labels``: inputs and labels shifted by one).
+        seed: the shuffle seed; epochs are permuted by ``(seed, epoch)``.
+        epoch: the epoch to start with.
+        shuffle: False reads shards and samples in manifest order.
+        shuffle_window: shards whose samples are mixed together; they are staged together.
+        batch_size: samples per step on one rank: the unit dealt to ranks and workers (set it to the
+            DataLoader's batch size so any step boundary is a resumable point at any world size).
+        batches: yield ``(batch_size, sample_len)`` arrays instead of single samples.
+        drop_last: deal only whole steps of ``world_size * batch_size`` samples per epoch.
+        rank, world_size: this process among the data-parallel ranks.
+        worker, num_workers: this consumer among the rank's loader workers.
+        cache_dir, capacity: the node-local cache (directory; bytes, default 80% of its disk).
+        fetch: how the engine fetches (concurrency, bandwidth, retries, ...).
+        storage_options: fsspec options for ``source`` (endpoint, keys).
+        manifest: the dataset's manifest, if already loaded (every consumer must use the same one).
+        dtype: NumPy dtype of the yielded tokens (default: the shards' own, without a copy).
+        token_column: the list column of Parquet shards.
+        prefetch_bytes: how far ahead of the cursor to stage (default: the fetch window, at
+            least two shuffle windows; the engine caps it at half the cache).
+        log_every: seconds between progress log lines (0: never).
+        session: "auto" (the node daemon when one serves ``cache_dir``, else an engine in this
+            process), "daemon" or "embedded".
+        socket: the daemon's Unix socket (default: ``STAGER_SOCKET`` or the daemon's default).
+
+    Raises:
+        ConfigError: a bad argument.
+        ManifestError, OriginError: the manifest cannot be loaded.
+    """
+
+    def __init__(
+        self,
+        source: str | SourceConfig,
+        *,
+        seq_len: int,
+        seed: int = 0,
+        epoch: int = 0,
+        with_labels: bool = False,
+        shuffle: bool = True,
+        shuffle_window: int = 8,
+        batch_size: int = 1,
+        batches: bool = False,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
+        capacity: int | None = None,
+        fetch: FetchConfig | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        manifest: Manifest | None = None,
+        dtype: Any = None,
+        token_column: str = "tokens",
+        prefetch_bytes: int | None = None,
+        log_every: float = 60.0,
+        session: str = "auto",
+        socket: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if isinstance(source, SourceConfig):
+            if storage_options:
+                raise ConfigError("give storage_options in the SourceConfig or as an argument, not both")
+            self.source = source
+        else:
+            self.source = SourceConfig(str(source), dict(storage_options or {}))
+        self.cache_config = CacheConfig(directory=Path(cache_dir or DEFAULT_CACHE_DIR), capacity=capacity)
+        self.fetch_config = fetch or FetchConfig()
+        self.sample_spec = SampleSpec(seq_len, with_labels)
+        self.order_spec = OrderSpec(seed, shuffle, shuffle_window)
+        self.layout = Layout(world_size, rank, num_workers, worker, batch_size)
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self.batches = bool(batches)
+        self.drop_last = bool(drop_last)
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        self.token_column = token_column
+        if prefetch_bytes is not None and prefetch_bytes <= 0:
+            raise ConfigError(f"prefetch_bytes must be > 0, got {prefetch_bytes}")
+        self.prefetch_bytes = prefetch_bytes
+        self.log_every = float(log_every)
+        if session not in ("auto", "daemon", "embedded"):
+            raise ConfigError(f"session must be auto, daemon or embedded, got {session!r}")
+        self.session_mode = session
+        self.socket = socket
+        self.manifest = manifest if manifest is not None else load_manifest_sync(self.source, self.fetch_config)
+        self.index = SampleIndex(self.manifest, self.sample_spec, self.source.url)
+        shard_dtypes = {self.manifest.dtypes[i] for i in self.index.shards.tolist()}
+        self.out_dtype = self.dtype or np.result_type(*[np.dtype(d or "uint32") for d in shard_dtypes])
+        self._epoch = epoch
+        self._remainder: Remainder | None = None  # None: the whole epoch, not started
+        self._done = 0  # samples of this consumer's slice already yielded
+        self._generation = 0
+        self._orders: dict[int, EpochOrder] = {}
+        self._link: StagingLink | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._stats = IteratorStats()
+        self._cursor: tuple[EpochOrder, Slice] | None = None
+        self._last_log = time.monotonic()
+        self._cache_layout = CacheLayout(self.cache_config.directory)
+
+    # -- the stream ------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Go to the start of ``epoch``; a no-op if it is the current epoch (progress is kept)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
+        if epoch != self._epoch:
+            self._epoch, self._remainder, self._done = epoch, None, 0
+            self._generation += 1
+
+    def _order(self, epoch: int) -> EpochOrder:
+        order = self._orders.get(epoch)
+        if order is None:
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            order = self._orders[epoch] = EpochOrder(self.index, self.order_spec, epoch)
+        return order
+
+    def _slice(self, remainder: Remainder | None) -> Slice:
+        rem = remainder if remainder is not None else Remainder.whole(self.index.total)
+        if self.drop_last:
+            rem = rem.truncated(self.layout.world * self.layout.batch)
+        return Slice(rem, self.layout)
+
+    def __len__(self) -> int:
+        """Samples (or batches) this consumer yields in a whole epoch."""
+        n = len(self._slice(None))
+        return -(-n // self.layout.batch) if self.batches else n
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """The rest of the current epoch; when it is exhausted, the iterator moves to the next epoch."""
+        self._generation += 1
+        return self._stream(self._generation)
+
+    def _stream(self, generation: int) -> Iterator[np.ndarray]:
+        epoch = self._epoch
+        order = self._order(epoch)
+        piece = self._slice(self._remainder)
+        self._cursor = (order, piece)
+        link = self._staging()
+        plan = self._start_plan(link, order, piece, self._done)
+        try:
+            yield from (self._batches if self.batches else self._samples)(generation, link, order, piece, plan)
+        finally:
+            if generation == self._generation:
+                self._cursor = None
+        if generation == self._generation and self._done >= len(piece):
+            self._epoch, self._remainder, self._done = epoch + 1, None, 0
+
+    def _positions(self, order: EpochOrder, piece: Slice, start: int) -> Iterator[tuple[list, list, list]]:
+        for lo in range(start, len(piece), BLOCK):
+            found = order.lookup(piece.positions(lo, lo + BLOCK))
+            yield found.shards.tolist(), found.offsets.tolist(), found.windows.tolist()
+
+    def _samples(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
+                 plan: tuple[np.ndarray, np.ndarray]) -> Iterator[np.ndarray]:
+        n = self.sample_spec.sample_len
+        convert = self.dtype
+        arrays: dict[int, np.ndarray] = {}
+        window = -1
+        for shards, offsets, windows in self._positions(order, piece, self._done):
+            self._check(generation)
+            for shard, offset, w in zip(shards, offsets, windows):
+                if w != window:
+                    window = self._enter_window(link, w, plan, arrays)
+                self._done += 1
+                sample = arrays[shard][offset:offset + n]
+                yield sample if convert is None else sample.astype(convert)
+
+    def _batches(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
+                 plan: tuple[np.ndarray, np.ndarray]) -> Iterator[np.ndarray]:
+        n, size = self.sample_spec.sample_len, self.layout.batch
+        arrays: dict[int, np.ndarray] = {}
+        window = -1
+        out = np.empty((size, n), dtype=self.out_dtype)
+        row = 0
+        for shards, offsets, windows in self._positions(order, piece, self._done):
+            self._check(generation)
+            for shard, offset, w in zip(shards, offsets, windows):
+                if w != window:
+                    window = self._enter_window(link, w, plan, arrays)
+                out[row] = arrays[shard][offset:offset + n]
+                row += 1
+                if row == size:
+                    self._done += size
+                    yield out
+                    out = np.empty((size, n), dtype=self.out_dtype)
+                    row = 0
+        if row:
+            self._done += row
+            yield out[:row]
+
+    def _check(self, generation: int) -> None:
+        """Per block of positions: refuse a superseded stream, log the stats when due."""
+        if generation != self._generation:
+            raise StagerError("this token stream was superseded (iter() was called again, or the state or "
+                              "epoch changed); iterate the newest one")
+        self._maybe_log()
+
+    def _maybe_log(self) -> None:
+        if self.log_every and time.monotonic() - self._last_log >= self.log_every:
+            self._last_log = time.monotonic()
+            log.info("%s", describe(self.stats()))
+
+    def _enter_window(self, link: StagingLink, window: int, plan: tuple[np.ndarray, np.ndarray],
+                      arrays: dict[int, np.ndarray]) -> int:
+        """Open every shard this consumer reads in ``window`` (waiting for any not staged yet).
+
+        The window's samples come from its shards in random order, so any of them is needed
+        within a few steps: waiting for them all here, once, keeps the plan out of the per-sample
+        path and puts a cold start's wait before the first sample of a window, not spread over it.
+        Positions only grow, so the shards of earlier windows are done: the plan moves past them.
+        """
+        shards, windows = plan
+        start = int(np.searchsorted(windows, window, side="left"))
+        stop = int(np.searchsorted(windows, window, side="right"))
+        arrays.clear()
+        link.advance(start)
+        self._maybe_log()
+        for position in range(start, stop):
+            shard = int(shards[position])
+            arrays[shard] = self._open(link, shard, position)
+        return window
+
+    # -- staging -----------------------------------------------------------------------------
+
+    def _staging(self) -> StagingLink:
+        """This process's link, made on first use (again in a forked child: never an inherited one)."""
+        if self._link is None or not self._link.usable:
+            self._link = StagingLink(self.source, self.manifest, self.cache_config, self.fetch_config,
+                                     self.session_mode, self.socket)
+            self._finalizer = weakref.finalize(self, self._link.close)
+        return self._link
+
+    def _plan(self, order: EpochOrder, piece: Slice, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shards of ``piece`` from sample ``start`` on, in order of first touch, and their windows."""
+        seen = np.zeros(len(self.manifest), dtype=bool)
+        shards, windows = [], []
+        for lo in range(start, len(piece), PLAN_BLOCK):
+            found = order.lookup(piece.positions(lo, lo + PLAN_BLOCK))
+            fresh = ~seen[found.shards]
+            s, w = found.shards[fresh], found.windows[fresh]
+            _, first = np.unique(s, return_index=True)
+            first.sort()
+            shards.append(s[first])
+            windows.append(w[first])
+            seen[s] = True
+        if not shards:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(shards), np.concatenate(windows)
+
+    def _start_plan(self, link: StagingLink, order: EpochOrder, piece: Slice,
+                    start: int) -> tuple[np.ndarray, np.ndarray]:
+        shards, windows = self._plan(order, piece, start)
+        sizes = self.manifest.sizes
+        window_bytes = order.max_window_bytes(sizes)
+        ahead = max(self.prefetch_bytes or self.fetch_config.window_bytes, 2 * window_bytes)
+        # The next epoch's first windows go last: staged while this epoch ends, never waited on here.
+        following = self._order(order.epoch + 1)
+        extra, budget = [], ahead
+        for w in range(following.windows):
+            if budget <= 0:
+                break
+            extra.append(following.window_shards(w))
+            budget -= int(sizes[extra[-1]].sum())
+        full = np.concatenate([shards, *extra]) if extra else shards
+        name = f"epoch-{order.epoch}"
+        link.start_plan(full, ahead, name)
+        self._stats.plans += 1
+        return shards, windows
+
+    def _open(self, link: StagingLink, shard: int, position: int) -> np.ndarray:
+        m = self.manifest
+        name = m.paths[shard]
+        digest = m.digest(shard)
+        hit = self._cache_layout.complete_path(digest).exists()
+        began = time.monotonic()
+        pause = 0.02
+        while True:
+            try:
+                path = link.ready(position)
+                break
+            except CacheFull as exc:
+                # Room comes back as fetches in flight finish and consumed blobs become evictable;
+                # only a cache that stays full (too small for a shuffle window) is an error.
+                if time.monotonic() - began + pause > CACHE_FULL_PATIENCE:
+                    raise CacheFull(f"{self.source.url}/{name}: the cache stayed full for "
+                                    f"{CACHE_FULL_PATIENCE:.0f} s (is it smaller than two shuffle windows?): "
+                                    f"{exc}") from exc
+                self._stats.cache_full_waits += 1
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+            except (OriginError, CacheError) as exc:
+                if name in str(exc):
+                    raise
+                raise type(exc)(f"{self.source.url}/{name}: cannot be staged: {exc}") from exc
+        waited = time.monotonic() - began
+        self._stats.opened(hit, waited)
+        return reader_for(name, token_column=self.token_column).open(path, name, m.dtypes[shard],
+                                                                     int(m.tokens[shard]))
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _state(self) -> StreamState:
+        o = self.order_spec
+        remainder = self._remainder if self._remainder is not None else Remainder.whole(self.index.total)
+        return StreamState(self.index.fingerprint, o.seed, o.shuffle, o.shuffle_window, self._epoch, remainder,
+                           self.layout.shape, {self.layout.worker: self._done})
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this consumer's stream stands (plain data: save it with the checkpoint)."""
+        return self._state().to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: this iterator's, a single-process loader's, or a whole
+        ``StatefulDataLoader.state_dict()`` (with every worker's progress, needed when the
+        world size, worker count or batch size changed).
+
+        Raises:
+            ConfigError: the state belongs to another dataset, seq_len or order, or lacks
+                workers' progress for a re-deal.
+        """
+        parsed = from_loader_state(state)
+        if parsed is None:
+            raise ConfigError("the state holds no stager iterator state (was the loader ever iterated?)")
+        self.load_state(parsed)
+
+    def load_state(self, state: StreamState) -> None:
+        o = self.order_spec
+        state.check(self.index.fingerprint, o.seed, o.shuffle, o.shuffle_window)
+        remainder, done = state.resume(self.layout)
+        self._epoch, self._remainder, self._done = state.epoch, remainder, done
+        self._generation += 1
+
+    # -- stats and lifetime ---------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Time waited for data, bytes staged, cache hits, retries, steps of data ready ahead."""
+        session = self._link.stats() if self._link is not None and self._link.usable else {}
+        return self._stats.as_dict(session, self._ready_ahead())
+
+    def _ready_ahead(self) -> int:
+        """Whole steps (batches) from the cursor whose shards are all verified in the cache."""
+        if self._cursor is None:
+            return 0
+        order, piece = self._cursor
+        positions = piece.positions(self._done, self._done + AHEAD_LIMIT)
+        if not len(positions):
+            return 0
+        shards = order.lookup(positions).shards
+        unique = np.unique(shards)
+        m = self.manifest
+        ready = np.array([self._cache_layout.complete_path(m.digest(int(s))).exists() for s in unique])
+        missing = ~ready[np.searchsorted(unique, shards)]
+        count = int(np.argmax(missing)) if missing.any() else len(shards)
+        return count // self.layout.batch
+
+    def close(self) -> None:
+        """Stop staging for this iterator (the cache keeps what was staged). Idempotent."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._link = None
+
+    def __enter__(self) -> "TokenIterator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_link=None, _finalizer=None, _cursor=None)  # a copy stages through its own session
+        return state

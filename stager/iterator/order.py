@@ -1,0 +1,117 @@
+"""The order of one epoch: a two-level shuffle of the global index space.
+
+Position ``p`` of epoch ``e`` (``0 <= p < total samples``) names one sample,
+through two keyed permutations (:mod:`.permutation`) that depend only on
+``(seed, epoch)``:
+
+1. **Shards**: the shards that hold samples are permuted, then cut into
+   shuffle windows of ``shuffle_window`` consecutive shards.
+2. **Samples**: the positions of window ``w`` cover, in a permuted order
+   keyed by ``(seed, epoch, w)``, every sample of the window's shards.
+
+So the stream visits the windows in order and, inside a window, jumps at
+random between its few shards: reads stay local enough that staging a window
+ahead keeps up (a shard is needed during one window only), while samples of
+a shard are spread over its window instead of arriving back to back. Nothing
+here depends on the number of ranks or workers; they only take slices of
+the positions (:mod:`.deal`). A position is mapped in O(log shards) without
+materialising any per-sample array, so an epoch of billions of samples
+costs nothing until it is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+from .permutation import derive_key, permute, window_keys
+from .samples import SampleIndex
+
+
+@dataclass(frozen=True, slots=True)
+class OrderSpec:
+    """How epochs are shuffled: the seed, and how many shards share a shuffle window."""
+
+    seed: int = 0
+    shuffle: bool = True
+    shuffle_window: int = 8
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if isinstance(self.shuffle_window, bool) or not isinstance(self.shuffle_window, int) \
+                or self.shuffle_window < 1:
+            raise ConfigError(f"shuffle_window must be a positive number of shards, got {self.shuffle_window!r}")
+
+    @property
+    def shards_per_window(self) -> int:
+        # Unshuffled reads are sequential: a window of one shard lets each shard go as soon as it is read.
+        return self.shuffle_window if self.shuffle else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """Where a run of positions lives: manifest shard, first token, shuffle window (parallel arrays)."""
+
+    shards: np.ndarray
+    offsets: np.ndarray
+    windows: np.ndarray
+
+
+class EpochOrder:
+    """Position -> sample for one epoch of a :class:`SampleIndex`."""
+
+    def __init__(self, index: SampleIndex, spec: OrderSpec, epoch: int) -> None:
+        if epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        self.index = index
+        self.spec = spec
+        self.epoch = epoch
+        shards = index.shards
+        if spec.shuffle:
+            slots = permute(np.arange(len(shards)), len(shards), derive_key("shards", spec.seed, epoch))
+            shards = shards[slots]
+        self.slot_shard = shards
+        self.slot_start = np.concatenate([[0], np.cumsum(index.counts[shards])]).astype(np.int64)
+        g = spec.shards_per_window
+        self.window_start = np.append(self.slot_start[:-1:g], self.slot_start[-1]).astype(np.int64)
+        self._key = derive_key("samples", spec.seed, epoch)
+
+    def __len__(self) -> int:
+        return int(self.slot_start[-1])
+
+    @property
+    def windows(self) -> int:
+        return len(self.window_start) - 1
+
+    def window_shards(self, window: int) -> np.ndarray:
+        """The manifest indexes of the shards of one shuffle window."""
+        g = self.spec.shards_per_window
+        return self.slot_shard[window * g:(window + 1) * g]
+
+    def max_window_bytes(self, sizes: np.ndarray) -> int:
+        """The bytes of the largest shuffle window (what must be staged at once)."""
+        g = self.spec.shards_per_window
+        per_slot = np.asarray(sizes, dtype=np.int64)[self.slot_shard]
+        return int(np.add.reduceat(per_slot, np.arange(0, len(per_slot), g)).max())
+
+    def lookup(self, positions: np.ndarray) -> Samples:
+        """The samples at ``positions`` (each in ``[0, len(self))``).
+
+        Raises:
+            IndexError: a position is outside the epoch.
+        """
+        p = np.asarray(positions, dtype=np.int64)
+        if p.size and (p.min() < 0 or p.max() >= len(self)):
+            raise IndexError(f"positions outside the epoch of {len(self)} samples")
+        w = np.searchsorted(self.window_start, p, side="right") - 1
+        start = self.window_start[w]
+        q = p - start
+        if self.spec.shuffle:
+            q = permute(q, self.window_start[w + 1] - start, window_keys(self._key, w))
+        u = start + q
+        slot = np.searchsorted(self.slot_start, u, side="right") - 1
+        shards = self.slot_shard[slot]
+        return Samples(shards, self.index.token_offset(u - self.slot_start[slot]), w)

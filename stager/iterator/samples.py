@@ -1,0 +1,96 @@
+"""The global index space of samples: fixed windows of tokens over every token shard.
+
+A sample is ``sample_len`` consecutive tokens of one shard, starting at a
+multiple of ``seq_len`` (the stride). ``sample_len`` is ``seq_len``, or
+``seq_len + 1`` for input/label pairs: then consecutive samples share one
+token, so every token of a shard is a label exactly once. Samples never span
+two shards; the tail of a shard too short for another sample is skipped.
+
+The counts come from the manifest alone (its token counts), so every rank
+and worker computes the same index space without opening a shard. Shards
+that are not token shards (no token count) or too short for one sample hold
+no samples and are never read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from ..errors import ConfigError
+from ..manifest import Manifest
+
+
+@dataclass(frozen=True, slots=True)
+class SampleSpec:
+    """How samples are cut from a shard's tokens."""
+
+    seq_len: int
+    with_labels: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise ConfigError(f"seq_len must be a positive integer, got {self.seq_len!r}")
+
+    @property
+    def sample_len(self) -> int:
+        """Tokens in one sample: ``seq_len``, plus one when labels are the inputs shifted by one."""
+        return self.seq_len + 1 if self.with_labels else self.seq_len
+
+    @property
+    def stride(self) -> int:
+        return self.seq_len
+
+    def count(self, tokens: np.ndarray) -> np.ndarray:
+        """Samples in shards of ``tokens`` tokens (negative counts: not a token shard, no samples)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        fits = tokens >= self.sample_len
+        return np.where(fits, (tokens - self.sample_len) // self.stride + 1, 0).astype(np.int64)
+
+
+class SampleIndex:
+    """Per-shard sample counts of one manifest under one :class:`SampleSpec`.
+
+    Raises:
+        ConfigError: no shard holds even one sample.
+    """
+
+    def __init__(self, manifest: Manifest, spec: SampleSpec, name: str = "dataset") -> None:
+        self.manifest = manifest
+        self.spec = spec
+        self.counts = spec.count(manifest.tokens)
+        self.total = int(self.counts.sum())
+        if self.total == 0:
+            token_shards = int((manifest.tokens >= 0).sum())
+            raise ConfigError(f"{name}: no samples of {spec.sample_len} tokens: {token_shards} of {len(manifest)} "
+                              f"shards are token shards, none with {spec.sample_len} tokens or more")
+
+    @cached_property
+    def shards(self) -> np.ndarray:
+        """Manifest indexes of the shards that hold samples, in manifest order."""
+        return np.flatnonzero(self.counts > 0).astype(np.int64)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Identifies the index space: the shards' digests, their sample counts and the spec.
+
+        A saved iterator state only resumes over the same fingerprint, so a
+        changed dataset or ``seq_len`` is refused instead of yielding another stream.
+        """
+        h = xxhash.xxh3_64()
+        h.update(f"{self.spec.seq_len}:{self.spec.with_labels}".encode())
+        digests = self.manifest.table.column("digest").take(pa.array(self.shards)).combine_chunks()
+        h.update(memoryview(digests.buffers()[1])[digests.offset * 16:(digests.offset + len(digests)) * 16])
+        h.update(self.counts[self.shards].astype("<i8").tobytes())
+        return h.hexdigest()
+
+    def token_offset(self, local: np.ndarray) -> np.ndarray:
+        """The first token of local sample ``local`` inside its shard."""
+        return np.asarray(local, dtype=np.int64) * self.spec.stride
+
+    def __len__(self) -> int:
+        return self.total

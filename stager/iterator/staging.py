@@ -1,0 +1,180 @@
+"""One process's link to staging: a loop thread, a session, and the plan being read.
+
+The iterator is synchronous; the session is async. A :class:`StagingLink`
+owns a :class:`~.loop_thread.LoopThread` that runs the session (and, for the
+embedded session, the whole engine: prefetching goes on while the training
+step computes) and turns the few calls the iterator makes into blocking
+ones: ``start_plan`` once per epoch, ``ready`` once per shard, ``advance``
+(not waited for) once per shuffle window. Nothing is called per sample.
+
+The session is chosen in one place, :func:`open_session`, which defers to
+``stager.session.open_session``: the node daemon when one serves this cache
+directory, else an engine embedded in this process. Either way the iterator only sees the Session ABC and reads
+verified files from the cache directory itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import CacheConfig, FetchConfig, SourceConfig
+from ..manifest import Manifest
+from ..session import DatasetHandle, PlanHandle, Session
+from ..session import open_session as choose_session
+from .loop_thread import LoopThread
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT = 30.0  # seconds to close the session before giving up on it
+
+
+async def open_session(cache: CacheConfig, fetch: FetchConfig, mode: str = "auto",
+                       socket: str | os.PathLike[str] | None = None) -> Session:
+    """The session this process stages through: the single place it is chosen.
+
+    ``mode`` "auto" asks the node daemon when one serves ``cache.directory``
+    (at ``socket``, default ``STAGER_SOCKET`` or the daemon's default path) and
+    runs an embedded engine otherwise; "daemon" insists on the daemon,
+    "embedded" never asks it. See :func:`stager.session.open_session`.
+
+    Raises:
+        DaemonError: ``mode="daemon"`` and no daemon serves this cache.
+        ConfigError: an unknown mode.
+    """
+    return await asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(choose_session, cache, fetch, socket=socket, mode=mode))
+
+
+class StagingLink:
+    """A session and the current plan of one consumer, driven from synchronous code.
+
+    Raises (constructor):
+        ManifestError, OriginError: the dataset cannot be opened.
+        CacheError: the cache directory cannot be opened.
+    """
+
+    def __init__(self, source: SourceConfig, manifest: Manifest, cache: CacheConfig, fetch: FetchConfig,
+                 mode: str = "auto", socket: str | os.PathLike[str] | None = None) -> None:
+        self.loop = LoopThread()
+        self.session: Session | None = None
+        self.dataset: DatasetHandle | None = None
+        self.plan: PlanHandle | None = None
+        try:
+            self.session, self.dataset = self.loop.run(self._open(source, manifest, cache, fetch, mode, socket))
+        except BaseException:
+            self.loop.stop()
+            raise
+
+    @staticmethod
+    async def _open(source: SourceConfig, manifest: Manifest, cache: CacheConfig, fetch: FetchConfig,
+                    mode: str, socket: str | os.PathLike[str] | None) -> tuple[Session, DatasetHandle]:
+        session = await open_session(cache, fetch, mode, socket)
+        try:
+            return session, await session.open_dataset(source, manifest)
+        except BaseException:
+            await session.close()
+            raise
+
+    @property
+    def usable(self) -> bool:
+        return self.loop.usable
+
+    def start_plan(self, order: np.ndarray, window_bytes: int | None, name: str) -> None:
+        """Replace the current plan by one over ``order`` (manifest indexes, first touch first)."""
+        self.loop.run(self._start_plan(order, window_bytes, name))
+
+    async def _start_plan(self, order: np.ndarray, window_bytes: int | None, name: str) -> None:
+        await self._end_plan()
+        assert self.session is not None and self.dataset is not None
+        self.plan = await self.session.plan(self.dataset, order, window_bytes=window_bytes, name=name)
+
+    def end_plan(self) -> None:
+        if self.plan is not None and self.usable:
+            self.loop.run(self._end_plan())
+
+    async def _end_plan(self) -> None:
+        plan, self.plan = self.plan, None
+        if plan is not None:
+            await plan.close()
+
+    def ready(self, position: int) -> Path:
+        """Block until the blob at plan ``position`` is verified in the cache; its complete file.
+
+        Raises:
+            OriginError: it could not be fetched within the retry budget.
+            CacheError: the cache cannot hold it.
+        """
+        assert self.plan is not None
+        return self.loop.run(self.plan.ready(position))
+
+    def advance(self, position: int) -> None:
+        """Tell the plan every position before ``position`` is done (not waited for; ordered with ``ready``)."""
+        if self.plan is not None:
+            self.loop.submit(self.plan.advance(position))
+
+    def stats(self) -> dict[str, float]:
+        if self.session is None or not self.usable:
+            return {}
+        return self.loop.run(self._stats())
+
+    async def _stats(self) -> dict[str, float]:
+        assert self.session is not None
+        return dict(self.session.stats())
+
+    def close(self) -> None:
+        """Close the plan and the session, stop the loop. Idempotent; a no-op in a forked child.
+
+        Best effort: the cache is safe against a process that never closes, so a failure here
+        (at interpreter exit the executors the store needs are already gone) is logged, not raised.
+        """
+        if not self.usable:
+            return
+        try:
+            self.loop.run(self._close(), timeout=CLOSE_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - teardown: report and go on stopping the loop
+            log.debug("closing the staging session failed: %r", exc)
+        finally:
+            self.loop.stop()
+
+    async def _close(self) -> None:
+        try:
+            await self._end_plan()
+        finally:
+            session, self.session = self.session, None
+            if session is not None:
+                await session.close()
+
+
+def load_manifest_sync(source: SourceConfig, fetch: FetchConfig) -> Manifest:
+    """Read and validate the manifest of ``source`` from synchronous code (a short-lived loop thread).
+
+    Raises:
+        ManifestError: no manifest, or an invalid one.
+        OriginError: the origin cannot be read.
+    """
+    from ..manifest import load_manifest
+    from ..store import open_store
+
+    async def load() -> Manifest:
+        store = open_store(source, retry=fetch.retry, bandwidth=fetch.bandwidth, concurrency=4)
+        try:
+            return await load_manifest(store)
+        finally:
+            await store.close()
+
+    with LoopThread("stager-manifest") as loop:
+        return loop.run(load())
+
+
+def describe(stats: dict[str, Any]) -> str:
+    """One log line out of :meth:`TokenIterator.stats`."""
+    return ("stager: waited {wait_seconds:.2f}s for data ({waits} waits), {cache_hits} of {shards_opened} shards "
+            "ready on arrival, {bytes_staged:,} bytes staged, {retries} retries, {ready_steps} steps ready ahead"
+            ).format(**stats)

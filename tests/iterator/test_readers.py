@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+
+from stager.errors import ConfigError, CorruptData, ManifestError
+from stager.iterator.readers import reader_for
+from stager.write import encode_shard
+
+
+@pytest.mark.parametrize("fmt", ["bin", "npy", "parquet"])
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_reads_back_what_was_written(tmp_path, fmt, dtype):
+    tokens = np.random.default_rng(0).integers(0, 60000, 10_000).astype(dtype)
+    path = tmp_path / "blob"
+    path.write_bytes(encode_shard(tokens, fmt))
+    array = reader_for(f"a/shard.{fmt}").open(path, f"a/shard.{fmt}", dtype, len(tokens))
+    assert array.dtype == np.dtype(dtype)
+    assert np.array_equal(array, tokens)
+    assert not array.flags.writeable
+
+
+def test_flat_and_npy_are_memory_maps_not_copies(tmp_path):
+    import mmap
+
+    tokens = np.arange(1000, dtype=np.uint16)
+    for fmt in ("bin", "npy"):
+        path = tmp_path / fmt
+        path.write_bytes(encode_shard(tokens, fmt))
+        array = reader_for(f"x.{fmt}").open(path, f"x.{fmt}", "uint16", 1000)
+        assert type(array) is np.ndarray  # not a memmap subclass: cheap to slice
+        base = array
+        while not isinstance(base, (mmap.mmap, memoryview)) and getattr(base, "base", None) is not None:
+            base = base.base
+        assert isinstance(base, (mmap.mmap, memoryview)), f"{fmt}: tokens are not backed by a memory map"
+
+
+@pytest.mark.parametrize("fmt", ["bin", "npy", "parquet"])
+def test_a_file_that_disagrees_with_the_manifest_is_refused(tmp_path, fmt):
+    path = tmp_path / "blob"
+    path.write_bytes(encode_shard(np.arange(100, dtype=np.uint16), fmt))
+    with pytest.raises(CorruptData, match=f"shard.{fmt}: holds 100 tokens, the manifest says 99"):
+        reader_for(f"shard.{fmt}").open(path, f"shard.{fmt}", "uint16", 99)
+
+
+def test_wrong_dtype_and_garbage(tmp_path):
+    path = tmp_path / "blob"
+    path.write_bytes(encode_shard(np.arange(100, dtype=np.uint32), "npy"))
+    with pytest.raises(CorruptData, match="uint32, the manifest says uint16"):
+        reader_for("s.npy").open(path, "s.npy", "uint16", 100)
+    path.write_bytes(b"not a npy file at all")
+    with pytest.raises(CorruptData, match="s.npy"):
+        reader_for("s.npy").open(path, "s.npy", "uint16", 10)
+    with pytest.raises(CorruptData, match="s.parquet"):
+        reader_for("s.parquet").open(path, "s.parquet", "uint16", 10)
+    with pytest.raises(ManifestError, match="needs a dtype"):
+        reader_for("s.bin").open(path, "s.bin", None, 10)
+
+
+def test_unknown_format():
+    with pytest.raises(ConfigError, match="no token reader"):
+        reader_for("shard.txt")
