@@ -133,7 +133,8 @@ def _npy_info(path: str, head: bytes) -> tuple[str | None, int | None]:
     try:
         buf = io.BytesIO(head)
         version = np.lib.format.read_magic(buf)
-        shape, _fortran, dtype = np.lib.format._read_array_header(buf, version)  # noqa: SLF001
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _fortran, dtype = read_header(buf)
     except (ValueError, OSError) as exc:
         raise ManifestError(f"{path}: not a readable .npy file: {exc}") from exc
     if dtype.name not in TOKEN_DTYPES or dtype.byteorder == ">":

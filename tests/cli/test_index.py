@@ -138,3 +138,18 @@ def test_missing_manifest_and_bad_flags_are_one_line_errors(tmp_path, capsys):
     assert_one_line_error(result, "--capacity")
     (tmp_path / "bad.toml").write_text("cache = [unclosed")
     assert_one_line_error(run_here(["--config", str(tmp_path / "bad.toml"), "status"], capsys), "bad.toml", "TOML")
+
+
+@pytest.mark.parametrize("fmt", ["npy", "parquet", "bin"])
+def test_token_metadata_of_each_shard_format(tmp_path, capsys, fmt):
+    from stager.write import write_token_shards
+
+    arrays = [np.arange(n, dtype=np.uint32 if fmt == "npy" else np.uint16) for n in (5000, 12345)]
+    write_token_shards(tmp_path, arrays, fmt=fmt)
+    expected = read_manifest_file(str(tmp_path / MANIFEST_PATH))
+    (tmp_path / MANIFEST_PATH).unlink()
+    dtype = ["--dtype", "uint16"] if fmt == "bin" else []
+    assert run_here(["index", str(tmp_path), *dtype], capsys).returncode == 0
+    indexed = read_manifest_file(str(tmp_path / MANIFEST_PATH))
+    assert [(e.path, e.digest, e.dtype, e.tokens) for e in indexed] == [(e.path, e.digest, e.dtype, e.tokens) for e in expected]
+    assert [e.tokens for e in indexed] == [5000, 12345]
