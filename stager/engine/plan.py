@@ -105,8 +105,17 @@ class Plan:
         if cache.state(ref.digest) is BlobState.COMPLETE:
             return cache.complete_path(ref.digest)
         began = time.monotonic()
+        deadline = began + self.engine.config.retry.deadline
         try:
-            return await self.engine.ensure(ref, priority=URGENT)
+            while True:
+                try:
+                    return await self.engine.ensure(ref, priority=URGENT)
+                except CacheFull:
+                    # The cache is full of blobs being fetched or still in use: wait for one to be
+                    # done (or consumed) rather than fail the consumer, up to the retry deadline.
+                    if time.monotonic() >= deadline:
+                        raise
+                    await self.engine.wait_for_room(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
         finally:
             self.engine.stats.consumer_wait_seconds += time.monotonic() - began
             self.engine.stats.consumer_waits += 1
