@@ -40,6 +40,9 @@ def _default_map(config: dict[str, Any], commands: dict[str, click.Command]) -> 
     result: dict[str, dict[str, Any]] = {}
     for name, command in commands.items():
         params = {p.name for p in command.params}
+        # A key names an option by its flag (``cache`` for ``--cache``) or by its parameter name.
+        by_flag = {opt.lstrip("-").replace("-", "_"): p.name for p in command.params
+                   for opt in getattr(p, "opts", ()) if opt.startswith("--")}
         merged = {**shared, **config.get(name, {})}
         values: dict[str, Any] = {}
         for key, value in merged.items():
@@ -48,6 +51,8 @@ def _default_map(config: dict[str, Any], commands: dict[str, click.Command]) -> 
                 values["storage_option"] = [f"{k}={v}" for k, v in value.items()]
             elif key in params:
                 values[key] = value
+            elif by_flag.get(key) is not None:
+                values[by_flag[key]] = value
         result[name] = values
     return result
 

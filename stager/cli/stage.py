@@ -1,21 +1,31 @@
-"""``stager stage SOURCE``: stage a dataset (or a part of it) into the cache, verified."""
+"""``stager stage SOURCE``: stage a dataset (or a part of it) into the cache, verified.
+
+Goes through a :class:`~stager.session.Session`: when a node daemon serves
+the cache, the daemon does the fetching (one engine per node, and the
+progress bar moves as shards land); otherwise an engine runs in this process.
+Either way it registers one plan over the requested shards with a window
+covering them all, and waits until each one is ready.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from typing import Any
 
 import click
+import numpy as np
 
 from ..cache import BlobState, CacheTier
-from ..engine import Engine
+from ..config import CacheConfig
 from ..errors import BlobTooLarge, CacheFull, StagerError
 from ..hashing import block_range
+from ..session import EmbeddedSession, RemoteSession, Session, open_session
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags
 from .options import SIZE, source_config, storage_option_flag
-from .progress import byte_progress, console, run_async
+from .progress import byte_progress, run_async
 
 
 @cli.command("stage")
@@ -25,19 +35,22 @@ from .progress import byte_progress, console, run_async
 @fetch_flags
 @click.option("--limit", type=SIZE, default=None, help="Stage only the first shards (manifest order) up to this many bytes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), envvar="STAGER_SOCKET", default=None,
+              help="The node daemon's socket (default: see `stager serve --help`); used when a daemon serves --cache.")
+@click.option("--no-daemon", is_flag=True, help="Run the engine in this process even when a daemon serves the cache.")
 def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str, capacity: str, concurrency: int,
-                  bandwidth: str | None, no_hedge: bool, retry_deadline: float, limit: int | None, as_json: bool) -> None:
+                  bandwidth: str | None, no_hedge: bool, retry_deadline: float, limit: int | None, as_json: bool,
+                  socket_path: str | None, no_daemon: bool) -> None:
     """Stage every shard of SOURCE into the cache, verifying each block against the manifest.
 
     Exits 0 only when every requested shard is in the cache and verified. Safe to run
     again, or in several processes at once: what is verified is never fetched twice.
+    When a node daemon (`stager serve`) serves the cache, it does the fetching.
     """
     fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline)
-    cache = CacheTier(cache_config(cache_dir, capacity))
-    try:
-        summary = run_async(_stage(source_config(source, storage_option), cache, fetch, limit))
-    finally:
-        cache.close()
+    cache = cache_config(cache_dir, capacity)
+    session = open_session(cache, fetch, socket=socket_path, mode="embedded" if no_daemon else "auto")
+    summary = run_async(_stage(source_config(source, storage_option), session, cache, limit, fetch.concurrency))
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
     else:
@@ -52,43 +65,51 @@ def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str, 
                           f"(first: {summary['first_error']})")
 
 
-async def _stage(source, cache: CacheTier, fetch, limit: int | None) -> dict:
+async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | None, concurrency: int) -> dict:
     began = time.monotonic()
-    async with Engine(cache, fetch) as engine:
-        dataset = await engine.open_dataset(source)
-        m = dataset.manifest
-        sizes = m.sizes
-        count = len(m)
-        if limit is not None:
-            count = int((sizes.cumsum() <= limit).sum()) if count else 0
-        total = int(sizes[:count].sum())
-        if count and int(sizes[:count].max()) > cache.capacity:
-            big = int(sizes[:count].argmax())
-            raise BlobTooLarge(f"{m.paths[big]}: {int(sizes[big]):,} bytes is larger than the cache capacity "
-                               f"{cache.capacity:,}")
-        if total > cache.capacity:
-            raise CacheFull(f"{dataset.name}: {total:,} bytes do not fit in the cache capacity {cache.capacity:,}; "
-                            "stage a part with --limit or raise --capacity")
-        cached = 0
-        for i in range(count):
-            record = cache.record(m.digest(i))
-            if record is None:
-                continue
-            if record.state is BlobState.COMPLETE:
-                cached += int(sizes[i])
-            else:
-                cached += sum(block_range(b, int(sizes[i]), m.block_size)[1] - block_range(b, int(sizes[i]), m.block_size)[0]
-                              for b in record.verified)
+    async with session:
+        cache, owned = _cache_of(session, cache_cfg)
+        try:
+            dataset = await session.open_dataset(source)
+            capacity = await _capacity(session, cache)
+            m = dataset.manifest
+            sizes = m.sizes
+            count = len(m)
+            if limit is not None:
+                count = int((sizes.cumsum() <= limit).sum()) if count else 0
+            total = int(sizes[:count].sum())
+            if count and int(sizes[:count].max()) > capacity:
+                big = int(sizes[:count].argmax())
+                raise BlobTooLarge(f"{m.paths[big]}: {int(sizes[big]):,} bytes is larger than the cache capacity "
+                                   f"{capacity:,}")
+            if total > capacity:
+                raise CacheFull(f"{dataset.url}: {total:,} bytes do not fit in the cache capacity {capacity:,}; "
+                                "stage a part with --limit or raise --capacity")
+            cached_of = [_cached_bytes(cache, m, i) for i in range(count)]
+        finally:
+            if owned:
+                cache.close()
+        cached = sum(cached_of)
+        before = await _counters(session)
         failures: list[BaseException] = []
         with byte_progress("staging") as progress:
             progress.set_total(count, total)
             progress.advance(cached)
-            engine.add_block_listener(lambda ref, n: progress.advance(n))
-            jobs = asyncio.Semaphore(max(4, fetch.concurrency * 2))
+            by_blocks = isinstance(session, EmbeddedSession)
+            if by_blocks:
+                session.engine.add_block_listener(lambda ref, n: progress.advance(n))
+            plan = await session.plan(dataset, np.arange(count, dtype=np.int64), window_bytes=max(total, 1),
+                                      name="stage")
+            jobs = asyncio.Semaphore(max(4, concurrency * 2))
+            arrived = 0  # bytes of the requested shards that were not in the cache when we started
 
             async def one(i: int) -> None:
+                nonlocal arrived
                 try:
-                    await engine.ensure(dataset.ref(i), priority=float(i))
+                    await plan.ready(i)
+                    arrived += int(sizes[i]) - cached_of[i]
+                    if not by_blocks:
+                        progress.advance(int(sizes[i]) - cached_of[i])
                 except StagerError as exc:
                     failures.append(exc)
                     progress.describe(f"{count} files, {len(failures)} failed")
@@ -97,9 +118,10 @@ async def _stage(source, cache: CacheTier, fetch, limit: int | None) -> dict:
 
             async def describe_retries() -> None:
                 while True:
-                    await asyncio.sleep(0.5)
-                    o = engine.origin_stats
-                    progress.describe(f"{count} files, {o.retries} retries" + (f", {len(failures)} failed" if failures else ""))
+                    await asyncio.sleep(1.0)
+                    now = _delta(before, await _counters(session))
+                    progress.describe(f"{count} files, {now['retries']} retries"
+                                      + (f", {len(failures)} failed" if failures else ""))
 
             ticker = asyncio.create_task(describe_retries())
             try:
@@ -109,19 +131,74 @@ async def _stage(source, cache: CacheTier, fetch, limit: int | None) -> dict:
                         tg.create_task(one(i))
             finally:
                 ticker.cancel()
+                await plan.close()
         seconds = time.monotonic() - began
-        stats = engine.stats
+        done = _delta(before, await _counters(session))
+        if done["mode"] == "daemon":
+            # The daemon's byte counter covers every consumer of the node: count what this run brought in.
+            # (Its retry, hedge and corrupt-block counts over the run are node-wide too.)
+            done["fetched"] = arrived
         return {
-            "source": dataset.name,
+            "source": dataset.url,
             "blobs": count,
             "bytes": total,
-            "fetched_bytes": stats.bytes_fetched,
+            "fetched_bytes": done["fetched"],
             "cached_bytes": cached,
-            "retries": engine.origin_stats.retries,
-            "hedged": stats.hedged_requests,
-            "verify_failures": stats.verify_failures,
+            "retries": done["retries"],
+            "hedged": done["hedged"],
+            "verify_failures": done["verify_failures"],
             "failed": len(failures),
             "first_error": str(failures[0]) if failures else None,
             "seconds": round(seconds, 3),
-            "mb_per_s": stats.bytes_fetched / 1e6 / seconds if seconds > 0 else 0.0,
+            "mb_per_s": done["fetched"] / 1e6 / seconds if seconds > 0 else 0.0,
         }
+
+
+def _cache_of(session: Session, config: CacheConfig) -> tuple[CacheTier, bool]:
+    """The cache to read records from: the session's own, or (the daemon's) opened read-only here."""
+    if isinstance(session, EmbeddedSession):
+        return session.engine.cache, False
+    return CacheTier(config, reconcile=False), True
+
+
+async def _capacity(session: Session, cache: CacheTier) -> int:
+    if isinstance(session, RemoteSession) and session.mode == "daemon":
+        try:
+            return int((await session.daemon_status())["cache"]["capacity"])
+        except StagerError:
+            pass  # gone already: the fallback engine uses our own capacity
+    return cache.capacity
+
+
+def _cached_bytes(cache: CacheTier, m, i: int) -> int:
+    record = cache.record(m.digest(i))
+    if record is None:
+        return 0
+    size = int(m.sizes[i])
+    if record.state is BlobState.COMPLETE:
+        return size
+    return sum(block_range(b, size, m.block_size)[1] - block_range(b, size, m.block_size)[0] for b in record.verified)
+
+
+async def _counters(session: Session) -> dict[str, Any]:
+    """What the engine doing the work counted so far (the daemon's counters cover all its consumers)."""
+    if isinstance(session, RemoteSession) and session.mode == "daemon":
+        try:
+            status = await session.daemon_status()
+            e, o = status["engine"], status["origin"]
+            return {"mode": "daemon", "fetched": int(e["bytes_fetched"]), "retries": int(o["retries"]),
+                    "hedged": int(e["hedged_requests"]), "verify_failures": int(e["verify_failures"])}
+        except StagerError:
+            pass
+    stats = session.stats()
+    return {"mode": "embedded", "fetched": int(stats.get("bytes_fetched", 0)),
+            "retries": int(stats.get("origin_retries", 0)), "hedged": int(stats.get("hedged_requests", 0)),
+            "verify_failures": int(stats.get("verify_failures", 0))}
+
+
+def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    keys = ("fetched", "retries", "hedged", "verify_failures")
+    if before["mode"] != after["mode"]:  # the daemon went away mid-run: count what the fallback engine did
+        return {"mode": "embedded", **{k: after[k] for k in keys}}
+    return {"mode": after["mode"], **{k: after[k] - before[k] for k in keys}}
+

@@ -1,17 +1,26 @@
-"""``stager status`` and ``stager verify``: what the cache holds, and a scrub of it."""
+"""``stager status`` and ``stager verify``: what the cache holds, and a scrub of it.
+
+When a node daemon serves the cache, ``status`` asks it (``/v1/status``), so
+it also shows the daemon, its consumers' plans and how far ahead of each
+cursor the data is ready; otherwise it reads the cache's index itself.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
 
 from ..cache import CacheTier
+from ..config import CacheConfig
 from ..errors import StagerError
 from . import cli
 from .cache_options import cache_config, cache_flags
-from .progress import console
+from .progress import console, run_async
 
 
 def _size(n: int) -> str:
@@ -25,31 +34,83 @@ def _size(n: int) -> str:
 @cli.command("status")
 @cache_flags
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")
-def status_command(cache_dir: str, capacity: str, as_json: bool) -> None:
-    """Show what the cache holds: capacity, use, and each dataset's blobs (complete and partial)."""
-    cache = CacheTier(cache_config(cache_dir, capacity))
-    try:
-        usage = cache.usage()
-        datasets = cache.datasets()
-    finally:
-        cache.close()
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), envvar="STAGER_SOCKET", default=None,
+              help="The node daemon's socket (default: see `stager serve --help`); asked when it serves --cache.")
+def status_command(cache_dir: str, capacity: str, as_json: bool, socket_path: str | None) -> None:
+    """Show what the cache holds: capacity, use, and each dataset's blobs (complete and partial).
+
+    When a node daemon serves the cache, also show the daemon and its consumers' plans.
+    """
+    config = cache_config(cache_dir, capacity)
+    daemon = _daemon_status(config, socket_path)
+    if daemon is not None:
+        c = daemon["cache"]
+        directory = c["directory"]
+        usage = {"capacity": c["capacity"], "used": c["used"], "free": c["free"],
+                 "complete_blobs": c["complete_blobs"], "partial_blobs": c["partial_blobs"]}
+        datasets = daemon["datasets"]
+    else:
+        cache = CacheTier(config)
+        try:
+            u = cache.usage()
+            datasets = [{"name": d.name, "blobs": d.blobs, "bytes": d.bytes, "complete": d.complete,
+                         "partial": d.partial, "complete_bytes": d.complete_bytes} for d in cache.datasets()]
+        finally:
+            cache.close()
+        directory = str(cache.directory)
+        usage = {"capacity": u.capacity, "used": u.used, "free": u.free, "complete_blobs": u.complete,
+                 "partial_blobs": u.partial}
     if as_json:
-        click.echo(json.dumps({
-            "cache": str(cache.directory),
-            "capacity": usage.capacity, "used": usage.used, "free": usage.free,
-            "complete_blobs": usage.complete, "partial_blobs": usage.partial,
-            "datasets": [{"name": d.name, "blobs": d.blobs, "bytes": d.bytes, "complete": d.complete,
-                          "partial": d.partial, "complete_bytes": d.complete_bytes} for d in datasets],
-        }, sort_keys=True))
+        report: dict[str, Any] = {"cache": directory, **usage, "datasets": datasets}
+        if daemon is not None:
+            report["daemon"] = {**daemon["daemon"], "plans": daemon["plans"]}
+        click.echo(json.dumps(report, sort_keys=True))
         return
-    click.echo(f"cache {cache.directory}: {_size(usage.used)} used of {_size(usage.capacity)} "
-               f"({usage.complete} complete blobs, {usage.partial} partial)")
+    click.echo(f"cache {directory}: {_size(usage['used'])} used of {_size(usage['capacity'])} "
+               f"({usage['complete_blobs']} complete blobs, {usage['partial_blobs']} partial)")
+    if daemon is not None:
+        d = daemon["daemon"]
+        click.echo(f"daemon pid {d['pid']} on {d['socket']}, up {d['uptime']:.0f}s: {d['consumers']} consumer(s), "
+                   f"{len(daemon['plans'])} plan(s)")
     table = Table("dataset", "shards", "size", "complete", "partial", "staged")
     for d in datasets:
-        share = d.complete_bytes / d.bytes if d.bytes else 1.0
-        table.add_row(d.name, f"{d.blobs:,}", _size(d.bytes), f"{d.complete:,}", f"{d.partial:,}", f"{share:.0%}")
+        share = d["complete_bytes"] / d["bytes"] if d["bytes"] else 1.0
+        table.add_row(d["name"], f"{d['blobs']:,}", _size(d["bytes"]), f"{d['complete']:,}", f"{d['partial']:,}",
+                      f"{share:.0%}")
     if datasets:
         console.print(table)
+    if daemon is not None and daemon["plans"]:
+        plans = Table("consumer", "plan", "dataset", "position", "ready ahead")
+        for p in daemon["plans"]:
+            plans.add_row(p["consumer"], p["plan"], p["dataset"], f"{p['cursor']:,} / {p['length']:,}",
+                          f"{p['ready_steps']:,} shards, {_size(p['ready_bytes'])}")
+        console.print(plans)
+
+
+def _daemon_status(config: CacheConfig, socket_path: str | None) -> dict[str, Any] | None:
+    """The daemon's status if one answers on the socket and serves this cache directory."""
+    from ..daemon import DaemonClient, default_socket_path, probe
+
+    path = Path(socket_path).expanduser() if socket_path else default_socket_path()
+    health = probe(path)
+    try:
+        st = os.stat(config.directory)
+    except OSError:
+        return None
+    if health is None or (health.get("cache_dev"), health.get("cache_ino")) != (st.st_dev, st.st_ino):
+        return None
+
+    async def ask() -> dict[str, Any]:
+        client = DaemonClient(path)
+        try:
+            return (await client.request("GET", "/v1/status"))[1]
+        finally:
+            await client.close()
+
+    try:
+        return run_async(ask())
+    except StagerError:
+        return None  # it went away meanwhile: read the cache ourselves
 
 
 @cli.command("verify")
