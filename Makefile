@@ -8,7 +8,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv rsync
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
