@@ -20,6 +20,7 @@ import functools
 import logging
 import math
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -27,17 +28,34 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..cache import BlobState, CacheTier
+from ..cache.fileio import pread_exact
 from ..config import FetchConfig, SourceConfig
+from ..errors import CacheError
+from ..hashing import block_range
 from ..manifest import Manifest
 from ..store import OriginStats
 from .dataset import BlobRef, Dataset
 from .fetcher import BlobJob
 from .gate import PriorityGate
 from .hedging import LatencyTracker
-from .plan import Plan
+from .plan import URGENT, Plan
 from .stats import EngineStats
 
 log = logging.getLogger(__name__)
+
+_READ_ATTEMPTS = 4  # a block read back from a blob that is evicted under the reader, again and again
+
+
+def _read_file_range(path: Path, start: int, end: int) -> bytes | None:
+    """Bytes ``[start, end)`` of a complete blob file; None if it is gone (evicted)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        return pread_exact(fd, end - start, start)
+    finally:
+        os.close(fd)
 
 
 class Engine:
@@ -51,12 +69,14 @@ class Engine:
         self.stats = EngineStats()
         self.origin_stats = OriginStats()
         self._jobs: dict[str, BlobJob] = {}
+        self._job_tasks: set[asyncio.Task] = set()  # also jobs that left the table and are closing their blob
         self._plans: list[Plan] = []
         self._datasets: dict[str, Dataset] = {}
         self._disk = ThreadPoolExecutor(max_workers=min(8, max(2, config.concurrency // 2)), thread_name_prefix="stager-disk")
         self.lock_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="stager-lock")
         self._block_listeners: list[Callable[[BlobRef, int], None]] = []
         self._closed = False
+        self._room = asyncio.Event()  # set whenever room may have been made: a job ended, a plan moved on
 
     async def __aenter__(self) -> "Engine":
         return self
@@ -101,18 +121,67 @@ class Engine:
             OriginError: it could not be fetched within the retry budget.
             CacheError: the cache cannot hold it (BlobTooLarge, CacheFull).
         """
+        return await asyncio.shield(self._job(ref).want_all(priority))
+
+    async def read_block(self, ref: BlobRef, block: int, *, priority: float = URGENT) -> bytes:
+        """The verified bytes of block ``block`` of ``ref``; if the cache lacks it, that block alone is
+        fetched (at ``priority``, urgent by default) and returned as soon as it is verified.
+
+        Shares the blob's single flight with ``ensure`` and plans: a block already being fetched is
+        not fetched again, only moved up the queue. The blob stays partial unless someone wants it whole.
+
+        Raises:
+            ValueError: ``block`` is out of range.
+            OriginError: it could not be fetched within the retry budget.
+            CacheError: the cache cannot hold the blob, or it kept being evicted under the reader.
+        """
+        if not 0 <= block < len(ref.blocks):
+            raise ValueError(f"{ref.path}: block {block} out of range (it has {len(ref.blocks)})")
+        start, end = block_range(block, ref.size, ref.block_size)
+        for _ in range(_READ_ATTEMPTS):
+            if self.cache.state(ref.digest) is BlobState.COMPLETE:
+                data = await self.in_disk_thread(_read_file_range, self.cache.complete_path(ref.digest), start, end)
+                if data is not None:
+                    return data
+                continue  # evicted between the look-up and the open
+            began = time.monotonic()
+            try:
+                data = await asyncio.shield(self._job(ref).want(block, priority))
+            finally:
+                self.stats.consumer_wait_seconds += time.monotonic() - began
+                self.stats.consumer_waits += 1
+            if data is None:  # it was verified already: read it back from the cache
+                data = await self.in_disk_thread(self._read_verified_block, ref, block)
+            if data is not None:
+                return data
+        raise CacheError(f"{ref.path}: block {block} kept being evicted from the cache at {self.cache.directory} "
+                         "before it could be read; the cache is too small for its readers")
+
+    def _read_verified_block(self, ref: BlobRef, block: int) -> bytes | None:
+        handle = self.cache.open_partial(ref.digest)
+        if handle is None:
+            return None
+        try:
+            return handle.read_block(block)
+        except CacheError:
+            return None  # dropped and restarted meanwhile
+        finally:
+            handle.close()
+
+    def _job(self, ref: BlobRef) -> BlobJob:
+        """The blob's single flight in this process (started on first use; it ends when served)."""
         job = self._jobs.get(ref.digest)
         if job is None:
-            job = BlobJob(self, ref, priority)
-            job.task = asyncio.create_task(job.run(), name=f"fetch {ref.path}")
+            job = BlobJob(self, ref)
             self._jobs[ref.digest] = job
+            job.task = asyncio.create_task(job.run(), name=f"fetch {ref.path}")
+            self._job_tasks.add(job.task)
             job.task.add_done_callback(functools.partial(self._job_done, ref.digest))
-        else:
-            job.boost(priority)
-        assert job.task is not None
-        return await asyncio.shield(job.task)
+        return job
 
     def _job_done(self, digest: str, task: asyncio.Task) -> None:
+        self._room.set()
+        self._job_tasks.discard(task)
         if self._jobs.get(digest) is not None and self._jobs[digest].task is task:
             del self._jobs[digest]
         if not task.cancelled():
@@ -143,6 +212,16 @@ class Engine:
         """Tell the cache a consumer is done with these blobs for this round (eviction takes them first)."""
         if digests:
             self._disk.submit(self._mark_consumed, digests, token)
+            self._room.set()
+
+    async def wait_for_room(self, timeout: float) -> None:
+        """Return once a fetch ends or a consumer moves on (either may free cache room), or after ``timeout``."""
+        self._room.clear()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._room.wait()
+        except TimeoutError:
+            pass
 
     def _mark_consumed(self, digests: list[str], token: str) -> None:
         for digest in digests:
@@ -170,7 +249,7 @@ class Engine:
         self._closed = True
         for plan in list(self._plans):
             await plan.close()
-        tasks = [job.task for job in self._jobs.values() if job.task is not None]
+        tasks = list(self._job_tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

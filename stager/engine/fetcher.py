@@ -1,104 +1,356 @@
-"""Fetching one blob into the cache: lock, resume, parallel verified blocks, commit.
+"""Fetching a blob (or some of its blocks) into the cache: lock, resume, parallel verified blocks, commit.
 
 A :class:`BlobJob` is the single flight for one blob in this process (the
-engine keeps one per digest and every waiter shares it). Across processes
-that share the cache directory, the cache's per-blob file lock plays the same
-role: the job takes it first, and a job that finds it held waits for the other
-process, then finds the blob complete (or resumes what that process left).
+engine keeps one per digest and every waiter shares it). It serves two kinds
+of wants, in any mix: the whole blob (``want_all``, what ``Engine.ensure``
+and plans ask for; resolved with the complete file's path once committed) and
+single blocks (``want``, what a reader blocked on one block asks for, e.g. the
+FUSE mount; resolved with the block's bytes as soon as they are verified,
+before they reach the disk). Each wanted block has one future shared by all its
+waiters, so a block is fetched once however many ask for it and whichever kind
+of want asked first; a block wanted urgently while the whole-blob fetch has it
+queued just has its queued request boosted.
+
+Across processes that share the cache directory, the cache's per-blob file
+lock plays the same role: the job takes it first. A job that finds it held
+waits for the other process, serving meanwhile the wanted blocks that process
+verifies, then finds the blob complete (or resumes what that process left). A
+job that only served single blocks keeps the lock for ``IDLE_RELEASE``
+seconds after its last want (the next read of the blob is likely near), then
+closes the partial file and releases the lock so other processes can proceed.
 
 Blocks are fetched in parallel as ranged reads through the engine's priority
 gate, each one hashed and checked against the manifest inside the store's
 retry loop (a corrupted or short body is retried, never written), raced by a
 hedged request when it straggles, then written with pwrite and recorded as
 verified by the cache. Blocks a previous run already verified are not fetched
-again. When every block is verified the partial file is committed by rename.
+again. When every block is verified and the whole blob is wanted, the partial
+file is committed by rename. A disk write in progress is always let finish
+before the partial file's handle is closed, even when the job is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, TypeVar
 
 from ..cache import BlobState
-from ..errors import CorruptData
+from ..errors import CacheError, CorruptData, StagerError
 from ..hashing import block_digest, block_range
 from .hedging import hedged
 
 if TYPE_CHECKING:
+    from ..cache import BlobLock, PartialBlob
     from .dataset import BlobRef
     from .engine import Engine
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 FOREIGN_LOCK_POLL = 0.25  # seconds per blocking try on another process's blob lock
+IDLE_RELEASE = 1.0  # seconds a job serving single blocks keeps the blob after its last want
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # a failure nobody awaited is not logged as lost
+
+
+async def _finish_even_if_cancelled(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to its end even if the caller is cancelled meanwhile (then re-raise).
+
+    A block write runs in a thread that cancellation cannot stop; the partial
+    file's handle must not be closed under it.
+    """
+    task = asyncio.ensure_future(awaitable)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+
+
+class _Block:
+    """One block a job fetches: its gate priority and the future its waiters share.
+
+    The future's result is the block's verified bytes when this job fetched
+    them, or None when the block was already verified on disk (readers then
+    read it from the cache).
+    """
+
+    __slots__ = ("index", "priority", "future", "explicit")
+
+    def __init__(self, index: int, priority: float) -> None:
+        self.index = index
+        self.priority = priority
+        self.future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self.future.add_done_callback(_retrieve)
+        self.explicit = False  # someone waits for this very block: a whole-blob failure does not stop it
 
 
 class BlobJob:
-    """Brings one blob to COMPLETE in the cache, once, however many wait for it."""
+    """Brings wanted blocks of one blob, or all of it, into the cache once, however many wait."""
 
-    def __init__(self, engine: "Engine", ref: "BlobRef", priority: float) -> None:
+    def __init__(self, engine: "Engine", ref: "BlobRef", priority: float = math.inf) -> None:
         self.engine = engine
         self.ref = ref
-        self.priority = priority
-        self.task: asyncio.Task[Path] | None = None
+        self.priority = priority  # of the whole blob; inf while only single blocks are wanted
+        self.task: asyncio.Task[None] | None = None
+        self._blocks: dict[int, _Block] = {}
+        self._whole: asyncio.Future[Path] | None = None
+        self._wake = asyncio.Event()
+
+    # -- wants (called on the event loop by the engine) ------------------------------------
+
+    def want_all(self, priority: float) -> asyncio.Future[Path]:
+        """The whole blob: a future resolved with its complete path (or the error that stopped it)."""
+        if self._whole is None or self._whole.done():
+            self._whole = asyncio.get_running_loop().create_future()
+            self._whole.add_done_callback(_retrieve)
+        self.boost(priority)
+        self._wake.set()
+        return self._whole
+
+    def want(self, index: int, priority: float) -> asyncio.Future[bytes | None]:
+        """One block: a future resolved with its verified bytes, or None if it was already on disk."""
+        block = self._blocks.get(index)
+        if block is None:
+            block = self._blocks[index] = _Block(index, priority)
+        elif priority < block.priority:
+            block.priority = priority
+            self.engine.gate.boost(block, priority)
+        block.explicit = True
+        self._wake.set()
+        return block.future
 
     def boost(self, priority: float) -> None:
-        """A consumer now waits for this blob: let its queued blocks go first."""
+        """A consumer now waits for the whole blob: let its queued blocks go first."""
         if priority < self.priority:
             self.priority = priority
-            self.engine.gate.boost(self, priority)
+            for block in self._blocks.values():
+                mine = self._block_priority(block.index)
+                if mine < block.priority:
+                    block.priority = mine
+                    self.engine.gate.boost(block, mine)
 
-    async def run(self) -> Path:
+    def _block_priority(self, index: int) -> float:
+        return self.priority + index * 1e-6  # nearer blocks of the blob first
+
+    # -- resolution ------------------------------------------------------------------------
+
+    def _finish(self, path: Path) -> None:
+        """The blob is complete: every want is served, and later wants go to a new job."""
+        self._detach()
+        if self._whole is not None and not self._whole.done():
+            self._whole.set_result(path)
+        self._whole = None
+        for block in self._blocks.values():
+            if not block.future.done():
+                block.future.set_result(None)
+        self._blocks.clear()
+
+    def _fail(self, error: BaseException) -> None:
+        """Nothing more will be fetched: every open want gets ``error``, later wants go to a new job."""
+        self._detach()
+        futures = [block.future for block in self._blocks.values()]
+        if self._whole is not None:
+            futures.append(self._whole)
+        self._blocks.clear()
+        self._whole = None
+        for future in futures:
+            if future.done():
+                continue
+            if isinstance(error, asyncio.CancelledError):
+                future.cancel()
+            else:
+                future.set_exception(error)
+
+    def _idle(self) -> bool:
+        return self._whole is None and not self._blocks
+
+    def _detach(self) -> None:
+        """Leave the engine's table: later wants start a new job (this one is finishing)."""
+        jobs = self.engine._jobs
+        if jobs.get(self.ref.digest) is self:
+            del jobs[self.ref.digest]
+
+    # -- the job ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        finally:
+            self._detach()
+        if not self._idle():  # pragma: no cover - every path above serves or fails its wants
+            self._fail(StagerError(f"{self.ref.path}: blob job ended with wants unserved (a bug)"))
+
+    async def _run(self) -> None:
         engine, ref = self.engine, self.ref
         cache = engine.cache
         if cache.state(ref.digest) is BlobState.COMPLETE:
-            engine.stats.blobs_already_cached += 1
-            return cache.complete_path(ref.digest)
+            if self._whole is not None:
+                engine.stats.blobs_already_cached += 1
+            self._finish(cache.complete_path(ref.digest))
+            return
         lock = cache.lock(ref.digest)
         if not lock.try_lock():
-            await self._wait_foreign_lock(lock)
+            if not await self._wait_foreign_lock(lock):
+                return
             if cache.state(ref.digest) is BlobState.COMPLETE:
                 lock.release()
                 engine.stats.blobs_from_other_process += 1
-                return cache.complete_path(ref.digest)
+                self._finish(cache.complete_path(ref.digest))
+                return
         try:
-            return await self._fetch_locked()
+            await self._fetch_locked()
         finally:
             lock.release()
 
-    async def _wait_foreign_lock(self, lock) -> None:
+    async def _wait_foreign_lock(self, lock: "BlobLock") -> bool:
+        """Wait for another holder of the blob's lock; True once we hold it.
+
+        False: the blob became complete meanwhile, or the blocks still wanted
+        were all verified by the other process (their wants are served).
+        """
         # flock has no async wake-up: wait in a thread, in short tries so cancellation is prompt.
         loop = asyncio.get_running_loop()
-        while not await loop.run_in_executor(self.engine.lock_waiters, lock.acquire, FOREIGN_LOCK_POLL):
-            pass
+        while True:
+            attempt = loop.run_in_executor(self.engine.lock_waiters, lock.acquire, FOREIGN_LOCK_POLL)
+            try:
+                if await asyncio.shield(attempt):
+                    return True
+            except asyncio.CancelledError:
+                # The thread may still take the lock after we stop waiting: give it back then.
+                attempt.add_done_callback(
+                    lambda f: lock.release() if not f.cancelled() and f.exception() is None and f.result() else None)
+                raise
+            if await self._serve_from_other_process():
+                return False
 
-    async def _fetch_locked(self) -> Path:
+    async def _serve_from_other_process(self) -> bool:
+        """Serve the wanted blocks another process has verified; True if nothing is left to wait for."""
+        engine, digest = self.engine, self.ref.digest
+        record = await engine.in_disk_thread(engine.cache.record, digest)
+        if record is not None and record.state is BlobState.COMPLETE:
+            engine.stats.blobs_from_other_process += 1
+            self._finish(engine.cache.complete_path(digest))
+            return True
+        verified = record.verified if record is not None else frozenset()
+        for index in [i for i in self._blocks if i in verified]:
+            block = self._blocks.pop(index)
+            if not block.future.done():
+                block.future.set_result(None)
+        return self._idle()
+
+    async def _fetch_locked(self) -> None:
         engine, ref = self.engine, self.ref
         cache = engine.cache
         if cache.state(ref.digest) is BlobState.COMPLETE:
             engine.stats.blobs_from_other_process += 1
-            return cache.complete_path(ref.digest)
+            self._finish(cache.complete_path(ref.digest))
+            return
         partial = await engine.in_disk_thread(
             cache.begin, ref.digest, ref.size, ref.block_size, ref.blocks,
             rank=engine.eviction_rank, protect=engine.protected_digests())
         try:
-            missing = partial.missing_blocks()
-            if missing:
-                async with asyncio.TaskGroup() as tg:
-                    for index in missing:
-                        tg.create_task(self._fetch_block(partial, index))
-            await engine.in_disk_thread(partial.commit)
-        except BaseException:
+            if partial.complete:
+                self._finish(partial.path)
+                return
+            await self._fill(partial)
+        finally:
             await engine.in_disk_thread(partial.close)
-            raise
-        engine.stats.blobs_completed += 1
-        return cache.complete_path(ref.digest)
 
-    async def _fetch_block(self, partial, index: int) -> None:
+    async def _fill(self, partial: "PartialBlob") -> None:
+        """Fetch what is wanted until the blob is committed, or nothing has been wanted for a while."""
+        engine = self.engine
+        inflight: dict[int, asyncio.Task[None]] = {}
+        try:
+            while True:
+                verified = partial.verified
+                for index in [i for i in self._blocks if i in verified and i not in inflight]:
+                    block = self._blocks.pop(index)
+                    if not block.future.done():
+                        block.future.set_result(None)
+                if self._whole is not None:
+                    for index in partial.missing_blocks():
+                        if index not in self._blocks:
+                            self._blocks[index] = _Block(index, self._block_priority(index))
+                for index, block in self._blocks.items():
+                    if index not in inflight:
+                        inflight[index] = asyncio.create_task(self._fetch_block(partial, block))
+                if not inflight:
+                    if self._whole is not None:  # every block is verified
+                        path = await engine.in_disk_thread(partial.commit)
+                        engine.stats.blobs_completed += 1
+                        self._finish(path)
+                        return
+                    if not await self._wait_for_wants(IDLE_RELEASE):
+                        return
+                    continue
+                self._wake.clear()
+                woken = asyncio.ensure_future(self._wake.wait())
+                try:
+                    await asyncio.wait({woken, *inflight.values()}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+                for index, task in list(inflight.items()):
+                    if task.done():
+                        del inflight[index]
+                        self._block_done(index, task, inflight)
+        finally:
+            for task in inflight.values():
+                task.cancel()
+            if inflight:
+                await asyncio.gather(*inflight.values(), return_exceptions=True)
+
+    def _block_done(self, index: int, task: asyncio.Task[None], inflight: dict[int, asyncio.Task[None]]) -> None:
+        block = self._blocks.pop(index, None)
+        if task.cancelled():  # only the whole blob wanted it, and the whole blob failed
+            if block is not None and block.explicit:
+                self._blocks[index] = block  # but a reader asked for it meanwhile: fetch it anew
+            elif block is not None:
+                block.future.cancel()
+            return
+        error = task.exception()
+        if error is None:
+            return
+        if block is not None and not block.future.done():
+            block.future.set_exception(error)
+        if isinstance(error, CacheError):
+            raise error  # the partial file cannot take blocks (evicted, disk full): the next want begins anew
+        if self._whole is not None and not self._whole.done():
+            self._whole.set_exception(error)  # the whole blob fails with its first failed block
+            self._whole = None
+            for other, other_task in list(inflight.items()):  # and stops fetching what only it wanted
+                other_block = self._blocks.get(other)
+                if other_block is not None and not other_block.explicit:
+                    other_task.cancel()
+
+    async def _wait_for_wants(self, timeout: float) -> bool:
+        """Only single blocks were wanted and all are served: keep the blob a moment for the next
+        read; False once nothing was wanted for ``timeout`` seconds (the job then leaves the table)."""
+        self._wake.clear()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+        if self._idle():
+            self._detach()
+            return False
+        return True
+
+    async def _fetch_block(self, partial: "PartialBlob", block: _Block) -> None:
         engine, ref = self.engine, self.ref
+        index = block.index
         start, end = block_range(index, ref.size, ref.block_size)
         expected = ref.blocks[index]
 
@@ -115,16 +367,25 @@ class BlobJob:
             engine.stats.hedged_requests += 1
 
         config = engine.config
-        async with engine.gate.slot(self.priority + index * 1e-6, owner=self):
-            delay = engine.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
-                if config.hedge else None
-            began = time.monotonic()
-            data, hedge_won = await hedged(read, delay, count_hedge)
-            engine.latency.record(time.monotonic() - began, end - start)
-            if hedge_won:
-                engine.stats.hedges_won += 1
-            # The write stays inside the slot: in-flight memory is bounded by concurrency x block size.
-            await engine.in_disk_thread(partial.write_block, index, data, durable=config.durable)
+        try:
+            async with engine.gate.slot(block.priority, owner=block):
+                delay = engine.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
+                    if config.hedge else None
+                began = time.monotonic()
+                data, hedge_won = await hedged(read, delay, count_hedge)
+                engine.latency.record(time.monotonic() - began, end - start)
+                if hedge_won:
+                    engine.stats.hedges_won += 1
+                if not block.future.done():
+                    block.future.set_result(data)  # verified: a reader blocked on it need not wait for the disk
+                # The write stays inside the slot: in-flight memory is bounded by concurrency x block size.
+                await _finish_even_if_cancelled(
+                    engine.in_disk_thread(partial.write_block, index, data, durable=config.durable))
+        except Exception as exc:  # cancellation is settled by the job (the block may be wanted again)
+            if not block.future.done():
+                block.future.set_exception(exc)
+            raise
         engine.stats.bytes_fetched += len(data)
         engine.stats.blocks_fetched += 1
         engine.on_block_fetched(ref, len(data))
+

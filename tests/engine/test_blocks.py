@@ -16,7 +16,7 @@ from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from stager.engine import Engine
 from stager.engine.fetcher import IDLE_RELEASE
-from stager.errors import OriginUnavailable
+from stager.errors import CacheError, OriginUnavailable
 from stager.session import EmbeddedSession
 from tests.harness.fault_plan import FaultPlan
 
@@ -142,7 +142,8 @@ async def test_a_job_that_served_blocks_releases_the_blob_lock_when_idle(http_or
             assert cache.state(ref.digest) is BlobState.PARTIAL
             await asyncio.wait_for(engine.ensure(ref), 10)  # a new job resumes the partial blob
             assert cache.complete_path(ref.digest).read_bytes() == (root / ref.path).read_bytes()
-            open_blobs = [f.path for f in psutil.Process().open_files() if "/partial/" in f.path or "/blobs/" in f.path]
+            open_blobs = [f.path for f in psutil.Process().open_files() if f.path.startswith(str(tmp_path / "cache"))
+                          and ("/partial/" in f.path or "/blobs/" in f.path)]
             assert open_blobs == []  # the jobs closed their files
 
 
@@ -221,3 +222,25 @@ async def test_a_block_another_process_is_fetching_is_served_from_its_work(http_
                 if other.poll() is None:
                     other.kill()
                     other.wait(5)
+
+
+async def test_a_blob_removed_under_its_job_fails_that_fetch_and_the_next_one_begins_anew(http_origin, fault_proxy,
+                                                                                          tmp_path):
+    root = http_origin.root / "corpus"
+    make_corpus(root, shards=1)
+    proxy = fault_proxy(http_origin, FaultPlan(latency_s=0.3))
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(concurrency=2)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            ref = dataset.ref(0)
+            first = asyncio.ensure_future(engine.ensure(ref))
+            deadline = time.monotonic() + 10
+            while cache.state(ref.digest) is BlobState.ABSENT:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            assert cache.remove(ref.digest)  # e.g. an operator's `stager verify` dropping it
+            with pytest.raises(CacheError, match="begin"):
+                await asyncio.wait_for(first, 20)
+            proxy.update(latency_s=0.0)
+            path = await asyncio.wait_for(engine.ensure(ref), 20)
+            assert path.read_bytes() == (root / ref.path).read_bytes()

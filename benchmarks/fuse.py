@@ -1,0 +1,379 @@
+"""The FUSE mount: stager mount vs reading the cache's files directly (the limit) vs rclone mount, with fio.
+
+One run, the same data, side by side:
+
+1. **cold** (nothing staged; every cache empty): first-byte latency (open +
+   4 KiB read of files never read before) and sequential throughput (one fio
+   pass over every file, 1 MiB reads), stager mount vs ``rclone mount
+   --vfs-cache-mode full`` of the same bucket;
+2. **warm** (everything staged and read once): fio sequential 1 MiB reads and
+   random 4-128 KiB reads, several jobs, on the stager mount, on the cache's
+   blob files directly (the limit: same bytes, no FUSE), and on the rclone
+   mount (after its own warm-up pass), in interleaved rounds (medians).
+   stager keeps the kernel page cache between opens (the shards never
+   change), which is what "warm" means for it; a second stager row drops that
+   page cache (fio ``invalidate=1``), so every read goes through FUSE to the
+   mount process;
+3. **listing** of a 10,000-file dataset: ``find`` and ``ls -lR`` on both mounts.
+
+The origin is ``rclone serve s3`` on loopback. Each mount's process CPU
+seconds are reported beside wall time (on 2 cores the origin server takes CPU
+too). Targets: warm sequential >= 0.8x the direct limit and ahead of rclone
+mount; cold first byte faster than rclone mount; listing 10,000 files < 1 s.
+
+Setup (once): ``make bench`` and fio (``apt-get install fio``; this script
+installs it with apt-get when it is missing and it runs as root).
+Run: ``.venv/bin/python benchmarks/fuse.py [--gib 1] [--file-mib 32] [--jobs 4] [--runtime 8]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import xxhash
+
+# This file is named like the package it measures: import the package before this folder is on the path.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+from fuse import mount_pid  # noqa: E402
+
+sys.path.insert(0, str(_HERE))
+from harness import machine, table, tool  # noqa: E402
+
+from stager.manifest import Manifest, ShardEntry  # noqa: E402
+from stager.manifest.parquet import encode_manifest  # noqa: E402
+from stager.testing import S3Server  # noqa: E402
+from stager.write import generate_corpus  # noqa: E402
+
+MiB = 1 << 20
+STAGER = [sys.executable, "-m", "stager"]
+
+
+# -- set-up ---------------------------------------------------------------------------------------
+
+
+def ensure_fio() -> str:
+    found = shutil.which("fio")
+    if found:
+        return found
+    if os.getuid() != 0:
+        sys.exit("fio is not installed: apt-get install fio (as root), then run again")
+    print("installing fio with apt-get ...", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if subprocess.run(["apt-get", "install", "-y", "-qq", "fio"], env=env, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=True, capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "fio"], env=env, check=True, capture_output=True)
+    return shutil.which("fio") or sys.exit("fio could not be installed")
+
+
+def many_files(root: Path, count: int) -> None:
+    """``count`` small files in 10 folders, and their manifest (written directly: hashing is trivial)."""
+    entries = []
+    for i in range(count):
+        path = f"part-{i % 10:02d}/file-{i:05d}.txt"
+        data = f"file {i}\n".encode() * 8
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+        entries.append(ShardEntry(path, len(data), xxhash.xxh3_128_hexdigest(data), (xxhash.xxh3_64_intdigest(data),),
+                                  mtime=time.time()))
+    (root / ".stager").mkdir(exist_ok=True)
+    (root / ".stager" / "manifest.parquet").write_bytes(encode_manifest(Manifest.from_entries(entries, 8 * MiB)))
+
+
+class Mounts:
+    """Every mount this run made; all are unmounted at the end, whatever happens."""
+
+    def __init__(self, server: S3Server, work: Path) -> None:
+        self.server = server
+        self.work = work
+        self.points: list[Path] = []
+        self.procs: list[subprocess.Popen] = []
+
+    def s3_options(self) -> list[str]:
+        s = self.server
+        return ["-o", f"key={s.access_key}", "-o", f"secret={s.secret_key}",
+                "-o", f"client_kwargs.endpoint_url={s.endpoint_url}"]
+
+    def stager(self, prefix: str, name: str, cache: Path) -> tuple[Path, int]:
+        point = self.work / name
+        point.mkdir(parents=True, exist_ok=True)
+        self.points.append(point)
+        subprocess.run([*STAGER, "mount", f"s3://bench/{prefix}", str(point), *self.s3_options(), "--cache",
+                        str(cache), "--capacity", "20GB", "--no-daemon", "--log-file", str(self.work / f"{name}.log")],
+                       check=True, capture_output=True, text=True, timeout=300)
+        pid = mount_pid(point)
+        assert pid is not None
+        return point, pid
+
+    def rclone(self, prefix: str, name: str, cache: Path) -> tuple[Path, int] | None:
+        rclone = tool("rclone")
+        if rclone is None:
+            return None
+        point = self.work / name
+        point.mkdir(parents=True, exist_ok=True)
+        s = self.server
+        proc = subprocess.Popen(
+            [rclone, "mount", f":s3:bench/{prefix}", str(point), "--s3-provider", "Other", "--s3-endpoint",
+             s.endpoint_url, "--s3-access-key-id", s.access_key, "--s3-secret-access-key", s.secret_key,
+             "--vfs-cache-mode", "full", "--cache-dir", str(cache), "--read-only", "--dir-cache-time", "1h",
+             "--config", str(self.work / "rclone-empty.conf")],
+            stdout=subprocess.DEVNULL, stderr=open(self.work / f"{name}.log", "wb"))
+        self.procs.append(proc)
+        self.points.append(point)
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(point):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"rclone mount did not come up (log {self.work / f'{name}.log'})")
+            time.sleep(0.05)
+        return point, proc.pid
+
+    def unmount(self, point: Path) -> None:
+        if os.path.ismount(point):
+            subprocess.run(["fusermount3", "-u", str(point)], capture_output=True, timeout=30)
+        if os.path.ismount(point):
+            subprocess.run(["umount", "-l", str(point)], capture_output=True, timeout=30)
+
+    def close(self) -> None:
+        for point in reversed(self.points):
+            self.unmount(point)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def cpu(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+    except psutil.Error:
+        return float("nan")
+
+
+# -- measurements ---------------------------------------------------------------------------------
+
+
+def fio(fio_bin: str, name: str, files: list[Path], *, rw: str, bs: str, jobs: int, runtime: float | None,
+        invalidate: bool = False, one_file_at_a_time: bool = False) -> dict[str, float]:
+    """One fio job over ``files``: MB/s and mean latency (µs) across ``jobs`` jobs."""
+    argv = [fio_bin, f"--name={name}", "--filename=" + ":".join(str(f).replace(":", "\\:") for f in files),
+            f"--rw={rw}", f"--numjobs={jobs}", "--ioengine=psync", "--direct=0", "--readonly", "--group_reporting",
+            f"--invalidate={1 if invalidate else 0}", "--output-format=json"]
+    argv += [f"--bsrange={bs}"] if "-" in bs else [f"--bs={bs}"]
+    if rw == "randread":
+        argv += ["--norandommap", "--randrepeat=0"]
+    if one_file_at_a_time:
+        argv += ["--file_service_type=sequential"]
+    if runtime:
+        argv += ["--time_based", f"--runtime={runtime}"]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=1800).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+    return {"MBps": job["bw_bytes"] / 1e6, "lat_us": job["lat_ns"]["mean"] / 1e3, "iops": job["iops"]}
+
+
+def first_bytes(files: list[Path]) -> list[float]:
+    """Seconds from open to the first 4 KiB of each file (files never read before)."""
+    out = []
+    for f in files:
+        began = time.perf_counter()
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.pread(fd, 4096, 0)
+        finally:
+            os.close(fd)
+        out.append(time.perf_counter() - began)
+    return out
+
+
+def read_all(files: list[Path]) -> None:
+    for f in files:
+        with open(f, "rb") as fh:
+            while fh.read(4 * MiB):
+                pass
+
+
+def listing(point: Path) -> dict[str, float]:
+    began = time.monotonic()
+    found = subprocess.run(["find", str(point)], check=True, capture_output=True, text=True).stdout.count("\n")
+    find_s = time.monotonic() - began
+    began = time.monotonic()
+    subprocess.run(["ls", "-lR", str(point)], check=True, capture_output=True)
+    return {"find_s": find_s, "ls_s": time.monotonic() - began, "entries": found}
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=1.0, help="dataset size in GiB")
+    parser.add_argument("--file-mib", type=int, default=32, help="file size in MiB")
+    parser.add_argument("--jobs", type=int, default=4, help="fio jobs (readers) at once")
+    parser.add_argument("--runtime", type=float, default=5.0, help="seconds per warm fio run")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every measurement, peers alternating "
+                                                             "(medians: the machine's load drifts)")
+    parser.add_argument("--cold-files", type=int, default=8, help="files for the first-byte latency")
+    parser.add_argument("--listing-files", type=int, default=10_000)
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the data, caches and logs in the scratch folder")
+    args = parser.parse_args()
+    fio_bin = ensure_fio()
+    work = Path(args.work or tempfile.mkdtemp(prefix="stager-fuse-bench-"))
+    files_n = max(2, int(args.gib * 1024 / args.file_mib))
+    print(f"# fuse benchmark: {files_n} files x ~{args.file_mib} MiB, {args.jobs} fio jobs, from rclone serve s3 "
+          f"on loopback\n# machine: {machine()}\n# work: {work}", flush=True)
+    server = S3Server(work / "s3", etag_hash="")
+    mounts = Mounts(server, work)
+    (work / "rclone-empty.conf").touch()
+    results: dict[str, dict] = {}
+    try:
+        bucket = server.make_bucket("bench")
+        manifest = generate_corpus(bucket / "corpus", shards=files_n, tokens_per_shard=args.file_mib * MiB // 2,
+                                   seed=1, block_size=8 * MiB, jitter=0.0)
+        many_files(bucket / "many", args.listing_files)
+        # the same files indexed in 1 MiB blocks (hard links: no second copy), for first-byte latency
+        (bucket / "corpus-1m").mkdir()
+        for name in manifest.paths:
+            os.link(bucket / "corpus" / name, bucket / "corpus-1m" / name)
+        subprocess.run([*STAGER, "index", str(bucket / "corpus-1m"), "--block-size", "1MiB"], check=True,
+                       capture_output=True, timeout=600)
+        names = list(manifest.paths)
+        total = manifest.total_bytes
+
+        # 1. cold: empty caches, first use; fresh mounts and caches in each round, peers alternating.
+        # First bytes of the last files, in reverse order (so that no read-ahead runs ahead of them),
+        # then one sequential pass, file after file, over the others.
+        probe_names = names[-args.cold_files:][::-1]
+        pass_names = names[:-args.cold_files] or names[:1]
+        cold_runs: dict[str, list[dict[str, float]]] = {}
+        for r in range(args.rounds):
+            peers = [("stager mount", *mounts.stager("corpus", f"stager-cold{r}", work / f"cold{r}-stager"), True),
+                     ("stager mount, 1 MiB blocks",
+                      *mounts.stager("corpus-1m", f"stager-1m{r}", work / f"cold{r}-stager-1m"), False)]
+            rc = mounts.rclone("corpus", f"rclone-cold{r}", work / f"cold{r}-rclone")
+            if rc:
+                peers.append(("rclone mount", *rc, True))
+            if r % 2:
+                peers.reverse()
+            for label, point, pid, full in peers:
+                lat = first_bytes([point / n for n in probe_names])
+                row = {"first_byte_ms_median": statistics.median(lat) * 1e3, "first_byte_ms_max": max(lat) * 1e3,
+                       "seq_MBps": float("nan"), "cpu_s": float("nan")}
+                if full:
+                    cpu0 = cpu(pid)
+                    seq = fio(fio_bin, "cold-seq", [point / n for n in pass_names], rw="read", bs="1M", jobs=1,
+                              runtime=None, one_file_at_a_time=True)
+                    row["seq_MBps"], row["cpu_s"] = seq["MBps"], cpu(pid) - cpu0
+                cold_runs.setdefault(label, []).append(row)
+            for _, point, _, _ in peers:
+                mounts.unmount(point)
+            for leftover in work.glob(f"cold{r}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        cold = {label: {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+                for label, rows in cold_runs.items()}
+        results["cold"] = cold
+        results["cold_rounds"] = cold_runs
+
+        # 2. warm: everything staged and read once (fills the page cache kept between opens)
+        st_point, st_pid = mounts.stager("corpus", "stager-mnt", work / "stager-cache")
+        rc = mounts.rclone("corpus", "rclone-mnt", work / "rclone-cache")
+        peers = [("stager mount", st_point, st_pid)] + ([("rclone mount", *rc)] if rc else [])
+        subprocess.run([*STAGER, "stage", "s3://bench/corpus", *mounts.s3_options(), "--cache",
+                        str(work / "stager-cache"), "--capacity", "20GB", "--no-daemon"], check=True,
+                       capture_output=True, timeout=1800)
+        for _, point, _ in peers:
+            read_all([point / n for n in names])
+        blobs = [work / "stager-cache" / "blobs" / manifest.digest(i)[:2] / manifest.digest(i) for i in range(len(names))]
+        assert all(b.exists() for b in blobs), "the cache does not hold every blob"
+        read_all(blobs)
+        targets = [("direct cache files (limit)", blobs, None, False),
+                   ("stager mount", [st_point / n for n in names], st_pid, False),
+                   ("stager mount, page cache dropped", [st_point / n for n in names], st_pid, True)]
+        if rc:
+            targets.append(("rclone mount", [rc[0] / n for n in names], rc[1], False))
+        runs: dict[str, list[dict[str, float]]] = {label: [] for label, *_ in targets}
+        for _ in range(args.rounds):  # interleaved rounds, medians: the machine's load drifts
+            for label, files, pid, invalidate in targets:
+                row = {}
+                for kind, rw, bs in (("seq", "read", "1M"), ("rand", "randread", "4k-128k")):
+                    cpu0 = cpu(pid) if pid else 0.0
+                    r = fio(fio_bin, f"warm-{kind}", files, rw=rw, bs=bs, jobs=args.jobs, runtime=args.runtime,
+                            invalidate=invalidate)
+                    row[f"{kind}_MBps"], row[f"{kind}_lat_us"] = r["MBps"], r["lat_us"]
+                    row[f"{kind}_cpu_s"] = (cpu(pid) - cpu0) if pid else 0.0
+                runs[label].append(row)
+        warm = {label: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+                for label, rows in runs.items()}
+        results["warm_rounds"] = runs
+        results["warm"] = warm
+
+        # 3. listing 10,000 files (first listing of a fresh mount)
+        ls_st, _ = mounts.stager("many", "stager-many", work / "stager-cache")
+        lists = {"stager mount": listing(ls_st)}
+        rc_many = mounts.rclone("many", "rclone-many", work / "rclone-cache-many")
+        if rc_many:
+            lists["rclone mount"] = listing(rc_many[0])
+        results["listing"] = lists
+    finally:
+        mounts.close()
+        server.stop()
+
+    report(results, total, args)
+    (work / "results.json").write_text(json.dumps(results, indent=2))
+    if not args.keep:  # the data and caches are a few GiB
+        for child in work.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child)
+            elif child.name != "results.json":
+                child.unlink()
+    print(f"\nraw results: {work / 'results.json'}")
+    print("reproduce: .venv/bin/python benchmarks/fuse.py " + " ".join(sys.argv[1:]))
+
+
+def report(results: dict, total: int, args) -> None:
+    cold, warm, lists = results["cold"], results["warm"], results["listing"]
+    print(f"\n## cold (nothing staged; medians of {args.rounds} rounds, fresh mounts and caches each)\n")
+    rows = [[k, f"{v['first_byte_ms_median']:.1f}", f"{v['first_byte_ms_max']:.1f}",
+             "-" if v["seq_MBps"] != v["seq_MBps"] else f"{v['seq_MBps']:.0f}",
+             "-" if v["cpu_s"] != v["cpu_s"] else f"{v['cpu_s']:.1f}"] for k, v in cold.items()]
+    print(table(rows, ["mount", "first byte ms (median)", "first byte ms (max)", "seq MB/s (1 pass)",
+                       "mount CPU s"]))
+    print(f"\n## warm (staged, read once; medians of {args.rounds} interleaved rounds)\n")
+    rows = [[k, f"{v['seq_MBps']:.0f}", f"{v['rand_MBps']:.0f}", f"{v['rand_lat_us']:.0f}", f"{v['seq_cpu_s']:.1f}",
+             f"{v['rand_cpu_s']:.1f}"] for k, v in warm.items()]
+    print(table(rows, ["reader", "seq 1M MB/s", "rand 4-128K MB/s", "rand lat us", "mount CPU s (seq)",
+                       "mount CPU s (rand)"]))
+    print("\n## listing\n")
+    rows = [[k, v["entries"], f"{v['find_s']:.2f}", f"{v['ls_s']:.2f}"] for k, v in lists.items()]
+    print(table(rows, ["mount", "entries", "find s", "ls -lR s"]))
+    limit = warm["direct cache files (limit)"]["seq_MBps"]
+    ours = warm["stager mount"]["seq_MBps"]
+    print("\n## against the targets\n")
+    print(f"- warm sequential: {ours / limit:.2f}x the direct limit (target >= 0.8x)")
+    if "rclone mount" in warm:
+        print(f"- warm sequential: {ours / warm['rclone mount']['seq_MBps']:.2f}x rclone mount (target > 1x); "
+              f"random: {warm['stager mount']['rand_MBps'] / warm['rclone mount']['rand_MBps']:.2f}x")
+    if "rclone mount" in cold:
+        print(f"- cold first byte: {cold['stager mount']['first_byte_ms_median']:.1f} ms with 8 MiB blocks, "
+              f"{cold['stager mount, 1 MiB blocks']['first_byte_ms_median']:.1f} ms with 1 MiB blocks, vs rclone "
+              f"{cold['rclone mount']['first_byte_ms_median']:.1f} ms (target: below); cold sequential "
+              f"{cold['stager mount']['seq_MBps'] / cold['rclone mount']['seq_MBps']:.2f}x rclone")
+    print(f"- listing {args.listing_files} files: find {lists['stager mount']['find_s']:.2f} s, ls -lR "
+          f"{lists['stager mount']['ls_s']:.2f} s (target < 1 s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Reading a shard's bytes for the mount: from the verified cache, else one urgent block at a time.
+
+Each open shard has one :class:`OpenBlob` (shared by every handle on it): a
+file descriptor on its complete cache file, or on its partial file together
+with the set of blocks known to be verified there. A read is served by
+``pread`` when every block it touches is verified; reads of complete files
+(the usual, warm case) first try ``preadv(RWF_NOWAIT)`` on the event loop,
+which succeeds without blocking when the bytes are in the page cache, and go
+to a thread only when they are not. A block that is missing is first looked
+up again in the cache index (the prefetcher may just have verified it), then
+fetched alone, urgently, through the session (``Session.read_block``), and
+its verified bytes serve the read at once. The last few fetched blocks are
+kept in memory, so a reader crawling through a fresh block in small reads
+does not go back to the session for each.
+
+File descriptors are never closed while a read may be using them: a handle
+that moves from a partial file to the complete one keeps the old descriptor
+(same bytes: the file was renamed, or verified bytes that stay valid) until
+the shard's last handle is released and no read is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+from stager.cache import CacheTier
+from stager.cache.fileio import pread_exact
+from stager.errors import CacheError
+from stager.hashing import block_range
+from stager.session import DatasetHandle, Session
+
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def _same_file(a: int, b: int) -> bool:
+    sa, sb = os.fstat(a), os.fstat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+class OpenBlob:
+    """One shard's blob as the mount reads it; shared by every open handle of the shard."""
+
+    __slots__ = ("index", "digest", "size", "block_size", "path", "refs", "busy", "fds", "complete", "verified")
+
+    def __init__(self, index: int, digest: str, size: int, block_size: int, path: str) -> None:
+        self.index = index
+        self.digest = digest
+        self.size = size
+        self.block_size = block_size
+        self.path = path  # the shard's path in the dataset, for messages
+        self.refs = 0
+        self.busy = 0  # reads in flight
+        self.fds: list[int] = []  # the last is current; older ones wait for the last release
+        self.complete = False
+        self.verified: frozenset[int] = frozenset()
+
+    @property
+    def fd(self) -> int | None:
+        return self.fds[-1] if self.fds else None
+
+
+class CacheReader:
+    """Serves byte ranges of one dataset's shards for the mount.
+
+    Args:
+        session: fetches missing blocks (``read_block``).
+        dataset: the dataset opened through that session.
+        cache: the cache tier on the same directory the session fills (read-only use here).
+        executor: threads for reads that may block on the disk.
+        recent_blocks: how many freshly fetched blocks to keep in memory.
+    """
+
+    def __init__(self, session: Session, dataset: DatasetHandle, cache: CacheTier, executor: ThreadPoolExecutor,
+                 *, recent_blocks: int = 8) -> None:
+        self.session = session
+        self.dataset = dataset
+        self.manifest = dataset.manifest
+        self.cache = cache
+        self._executor = executor
+        self._open: dict[str, OpenBlob] = {}
+        self._recent: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._recent_max = recent_blocks
+        self._nowait = bool(_RWF_NOWAIT)
+
+    # -- open and release -----------------------------------------------------------------------
+
+    async def open(self, index: int) -> OpenBlob:
+        """The blob of shard ``index``, probed in the cache on its first open.
+
+        Raises:
+            CacheError: the cache index cannot be read.
+        """
+        m = self.manifest
+        digest = m.digest(index)
+        blob = self._open.get(digest)
+        if blob is None:
+            blob = OpenBlob(index, digest, int(m.sizes[index]), m.block_size, m.paths[index])
+            self._open[digest] = blob
+            blob.refs += 1
+            try:
+                await self._refresh(blob)
+            except BaseException:
+                self.release(blob)
+                raise
+            return blob
+        blob.refs += 1
+        return blob
+
+    def release(self, blob: OpenBlob) -> None:
+        """One handle fewer; the last one closes the blob's files (once no read uses them)."""
+        blob.refs -= 1
+        self._close_if_unused(blob)
+
+    def _close_if_unused(self, blob: OpenBlob) -> None:
+        if blob.refs > 0 or blob.busy > 0:
+            return
+        if self._open.get(blob.digest) is blob:
+            del self._open[blob.digest]
+        fds, blob.fds = blob.fds, []
+        for fd in fds:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close every file (at unmount)."""
+        for blob in list(self._open.values()):
+            blob.refs = blob.busy = 0
+            self._close_if_unused(blob)
+
+    # -- state from the cache -------------------------------------------------------------------
+
+    async def _refresh(self, blob: OpenBlob) -> None:
+        """Look the blob up in the cache again: the complete file's open is cheap enough for the event
+        loop; the index query (sqlite) for a partial blob goes to a thread."""
+        if blob.complete:
+            return
+        try:  # a file under blobs/ is always complete and verified: no index query needed
+            found = (os.open(self.cache.complete_path(blob.digest), os.O_RDONLY | os.O_CLOEXEC), True, frozenset())
+        except FileNotFoundError:
+            loop = asyncio.get_running_loop()
+            found = await loop.run_in_executor(self._executor, self._probe, blob.digest)
+        fd, complete, verified = found
+        if fd is None:
+            return
+        if blob.fds and _same_file(fd, blob.fds[-1]):
+            os.close(fd)  # the file we have (a commit renames the partial file: same inode, now complete)
+        elif blob.fds and not complete and verified <= blob.verified:
+            os.close(fd)  # nothing new
+            return
+        else:
+            blob.fds.append(fd)
+        blob.complete = complete
+        blob.verified = verified
+
+    def _probe(self, digest: str) -> tuple[int | None, bool, frozenset[int]]:
+        """(descriptor, complete, verified blocks) of a partial (or just completed) blob; (None, False, {})
+        if the cache does not have it."""
+        for _ in range(3):  # committed or evicted between the index look-up and the open: again
+            handle = self.cache.open_partial(digest)
+            if handle is None:
+                return None, False, frozenset()
+            try:
+                complete, verified, path = handle.complete, handle.verified, handle.path
+            finally:
+                handle.close()
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            return fd, complete, verified
+        return None, False, frozenset()
+
+    # -- reading --------------------------------------------------------------------------------
+
+    async def read(self, blob: OpenBlob, offset: int, size: int) -> bytes | bytearray | memoryview:
+        """Up to ``size`` bytes at ``offset`` (fewer at the end of the shard), all verified.
+
+        Raises:
+            OriginError: a missing block could not be fetched within the retry budget.
+            CacheError: the cache could not hold or read it.
+        """
+        end = min(offset + size, blob.size)
+        if offset >= end:
+            return b""
+        blob.busy += 1
+        try:
+            if blob.complete:
+                return await self._pread(blob.fds[-1], end - offset, offset)
+            return await self._read_blocks(blob, offset, end)
+        finally:
+            blob.busy -= 1
+            self._close_if_unused(blob)
+
+    async def _read_blocks(self, blob: OpenBlob, offset: int, end: int) -> bytes | bytearray | memoryview:
+        bs = blob.block_size
+        blocks = range(offset // bs, (end - 1) // bs + 1)
+        fetched: dict[int, bytes] = {}
+        for b in blocks:
+            data = self._recent.get((blob.digest, b))
+            if data is not None:
+                self._recent.move_to_end((blob.digest, b))
+                fetched[b] = data
+        missing = [b for b in blocks if b not in fetched and (b not in blob.verified or blob.fd is None)]
+        if missing:
+            await self._refresh(blob)  # the prefetcher may have verified them meanwhile
+            if blob.complete:
+                return await self._pread(blob.fds[-1], end - offset, offset)
+            missing = [b for b in missing if b not in blob.verified or blob.fd is None]
+        if missing:
+            results = await asyncio.gather(*(self.session.read_block(self.dataset, blob.index, b) for b in missing))
+            for b, data in zip(missing, results):
+                fetched[b] = data
+                self._remember(blob.digest, b, data)
+        if not fetched:
+            return await self._pread(blob.fds[-1], end - offset, offset)
+        parts: list[bytes | bytearray | memoryview] = []
+        for b in blocks:
+            start, stop = block_range(b, blob.size, bs)
+            lo, hi = max(offset, start), min(end, stop)
+            data = fetched.get(b)
+            if data is not None:
+                parts.append(memoryview(data)[lo - start:hi - start])  # no copy of a block for a small read
+            else:
+                parts.append(await self._pread(blob.fds[-1], hi - lo, lo))
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _remember(self, digest: str, block: int, data: bytes) -> None:
+        self._recent[(digest, block)] = data
+        self._recent.move_to_end((digest, block))
+        while len(self._recent) > self._recent_max:
+            self._recent.popitem(last=False)
+
+    async def _pread(self, fd: int, length: int, offset: int) -> bytes | bytearray:
+        if self._nowait:
+            buf = bytearray(length)
+            try:
+                if os.preadv(fd, [buf], offset, _RWF_NOWAIT) == length:
+                    return buf  # all of it was in the page cache
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise CacheError(f"reading the cache: {exc.strerror}") from exc
+                self._nowait = False  # a file system without RWF_NOWAIT: threads only
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, pread_exact, fd, length, offset)
