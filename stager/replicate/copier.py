@@ -1,0 +1,306 @@
+"""Copying one object from the source store to the destination store, verified, resumable.
+
+Bytes stream through memory, never through a local file: an object no larger
+than a part is one ranged read and one ``write``; a larger one is cut into
+parts of a whole number of manifest blocks (at least S3's 5 MiB minimum, at
+most 10,000 parts), each read with one ranged GET and sent with
+``Upload.write_part``, many parts at once. Every read is checked inside the
+store's retry loop (``read_range(..., check=...)``): each block's xxh3-64 must
+match the manifest, so a short, corrupted or substituted body is retried and
+never reaches the destination. A small object is also checked whole
+(xxh3-128). The destination store's own retry policy retries failed writes.
+
+Resuming: a multipart upload is recorded in the journal with the store's
+resume token as soon as it starts, and each part once written, so a rerun
+after kill -9 resumes the upload and sends only the parts that were in
+flight. An upload that is gone (it completed just before the kill) is
+checked at the destination instead of being sent again.
+
+Checking (``--verify``, or an object of the right size nothing vouches for):
+the destination copy is read part by part, without retrying mismatches, and
+its block digests compared with the manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+
+import xxhash
+
+from ..errors import CorruptData, OriginChanged, OriginError, ShardNotFound, StagerError
+from ..store import InvalidRange, Store, UnsupportedOperation, Upload
+from ..store.parts import MAX_PARTS
+from .budget import ByteBudget
+from .journal import Journal
+from .plan import PlanItem
+from .stats import ReplicateStats
+
+MiB = 1 << 20
+#: S3 refuses parts smaller than this, except the last one.
+MIN_PART_SIZE = 5 * MiB
+DEFAULT_PART_SIZE = 16 * MiB
+
+
+class NotAtDestination(StagerError, FileNotFoundError):
+    """``--finalize`` found an object missing or different at the destination."""
+
+
+class DestinationGone(OriginError):
+    """A write to the destination answered "not found": its bucket or folder is gone. Stops the run."""
+
+
+class UploadLost(OriginError):
+    """A multipart upload vanished before it completed (aborted, expired): that object is copied again next run."""
+
+
+@contextmanager
+def _writing(dst: Store, path: str) -> Iterator[None]:
+    try:
+        yield
+    except ShardNotFound as exc:
+        raise DestinationGone(f"{dst.url}/{path}: the destination refused the write as not found "
+                              f"(does the bucket exist?): {exc}") from exc
+
+
+@contextmanager
+def _uploading(dst: Store, path: str) -> Iterator[None]:
+    try:
+        yield
+    except ShardNotFound as exc:  # NoSuchUpload
+        raise UploadLost(f"{dst.url}/{path}: the multipart upload is gone (aborted or expired before it "
+                         f"completed): {exc}") from exc
+
+
+def part_size_for(size: int, block_size: int, target: int = DEFAULT_PART_SIZE) -> int:
+    """The part size for an object of ``size`` bytes: whole blocks, >= 5 MiB, at most 10,000 parts."""
+    blocks = max(1, -(-max(target, MIN_PART_SIZE) // block_size))
+    part = blocks * block_size
+    if -(-size // part) > MAX_PARTS:
+        per_part = -(-size // MAX_PARTS)
+        part = -(-per_part // block_size) * block_size
+    return part
+
+
+class Copier:
+    """Copies and checks objects of one plan.
+
+    Args:
+        src, dst: the two stores.
+        journal: where finished objects and parts are committed.
+        block_size: the manifest's block size.
+        part_size: the target part size for large objects (rounded to whole blocks, >= 5 MiB).
+        budget: bytes in flight (see :mod:`.budget`).
+        stats: counters to update.
+        verify_after: read every copy back and check it before recording it done.
+        before_change: awaited before the first write to the destination (removes a stale manifest).
+        copy: False for ``--finalize``: an object that would need copying raises NotAtDestination.
+    """
+
+    def __init__(
+        self,
+        src: Store,
+        dst: Store,
+        journal: Journal,
+        *,
+        block_size: int,
+        part_size: int,
+        budget: ByteBudget,
+        stats: ReplicateStats,
+        verify_after: bool = False,
+        before_change: Callable[[], Awaitable[None]] | None = None,
+        copy: bool = True,
+    ) -> None:
+        self.src = src
+        self.dst = dst
+        self.journal = journal
+        self.block_size = block_size
+        self.part_size = part_size_for(0, block_size, part_size)
+        self.budget = budget
+        self.stats = stats
+        self.verify_after = verify_after
+        self.copy_enabled = copy
+        self._before_change = before_change
+
+    async def replicate(self, item: PlanItem) -> None:
+        """Bring ``item`` to the destination (or find it there), verified, and record it.
+
+        Raises:
+            OriginChanged: the source keeps serving bytes other than the manifest says.
+            CorruptData: the destination copy did not read back right (``verify_after``).
+            NotAtDestination: ``copy=False`` and the object is missing or different.
+            OriginError: either side failed beyond its retry budget.
+        """
+        stats = self.stats
+        if item.action.is_check:
+            if await self.matches(item):
+                await self.journal.record_done(item.path, item.digest, item.size)
+                stats.objects_done += 1
+                stats.bytes_done += item.size
+                return
+            stats.check_mismatches += 1
+        if not self.copy_enabled:
+            raise NotAtDestination(f"{self.dst.url}/{item.path}: {item.action.reason}" if not item.action.is_check
+                                   else f"{self.dst.url}/{item.path}: differs from the source manifest")
+        if item.size <= self.part_size:
+            await self._copy_whole(item)
+        else:
+            await self._copy_parts(item)
+        if self.verify_after and not await self.matches(item):
+            await self.journal.forget(item.path)
+            raise CorruptData(f"{self.dst.url}/{item.path}: the copy does not read back as the manifest says")
+        await self.journal.record_done(item.path, item.digest, item.size)
+        stats.objects_done += 1
+        stats.copied_objects += 1
+
+    async def _changing(self) -> None:
+        if self._before_change is not None:
+            await self._before_change()
+
+    # -- reading the source ------------------------------------------------------------
+
+    def _checker(self, item: PlanItem, start: int) -> Callable[[bytes], None]:
+        first = start // self.block_size
+        block_size = self.block_size
+        blocks = item.blocks
+        stats = self.stats
+
+        def check(data: bytes) -> None:
+            view = memoryview(data)
+            for k, offset in enumerate(range(0, len(view), block_size)):
+                if xxhash.xxh3_64_intdigest(view[offset:offset + block_size]) != int(blocks[first + k]):
+                    stats.corrupt_blocks += 1
+                    raise CorruptData(f"{item.path}: block {first + k} does not match the manifest")
+
+        return check
+
+    async def _read(self, item: PlanItem, start: int, end: int) -> bytes:
+        """``[start, end)`` of the source object, every block verified (retried until it is)."""
+        return await self.src.read_range(item.path, start, end, check=self._checker(item, start))
+
+    # -- small objects -----------------------------------------------------------------
+
+    async def _copy_whole(self, item: PlanItem) -> None:
+        granted = await self.budget.acquire(item.size)
+        try:
+            data = await self._read(item, 0, item.size)
+            if xxhash.xxh3_128_digest(data) != item.digest:
+                raise OriginChanged(f"{item.path}: blocks match the manifest but the whole-object digest does not")
+            await self._changing()
+            with _writing(self.dst, item.path):
+                await self.dst.write(item.path, data)
+            self.stats.copied_bytes += item.size
+            self.stats.bytes_done += item.size
+        finally:
+            self.budget.release(granted)
+
+    # -- large objects -----------------------------------------------------------------
+
+    async def _copy_parts(self, item: PlanItem) -> None:
+        part_size = part_size_for(item.size, self.block_size, self.part_size)
+        opened = await self._open_upload(item, part_size)
+        if opened is None:
+            return
+        upload, written = opened
+        count = -(-item.size // part_size)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for number in range(1, count + 1):
+                    if number in written:
+                        continue
+                    start = (number - 1) * part_size
+                    end = min(start + part_size, item.size)
+                    granted = await self.budget.acquire(end - start)
+                    tg.create_task(self._part(upload, item, number, start, end, granted))
+        except BaseExceptionGroup as group:
+            raise _first(group) from None
+        await self._changing()
+        try:
+            with _uploading(self.dst, item.path):
+                await upload.complete()
+        except UploadLost:
+            await self.journal.forget(item.path)
+            raise
+
+    async def _part(self, upload: Upload, item: PlanItem, number: int, start: int, end: int, granted: int) -> None:
+        try:
+            data = await self._read(item, start, end)
+            with _uploading(self.dst, item.path):
+                await upload.write_part(number, data)
+            await self.journal.record_part(item.path, number, len(data))
+            self.stats.copied_bytes += len(data)
+            self.stats.bytes_done += len(data)
+        finally:
+            self.budget.release(granted)
+
+    async def _open_upload(self, item: PlanItem, part_size: int) -> tuple[Upload, set[int]] | None:
+        """A resumed upload and its written parts, or a new one; None if the object turned out complete."""
+        record = await self.journal.upload_of(item.path)
+        if record is not None:
+            if record.digest == item.digest and record.part_size == part_size:
+                try:
+                    upload = await self.dst.resume_upload(item.path, part_size=part_size, token=record.token,
+                                                          parts=record.parts)
+                except (ShardNotFound, UnsupportedOperation):
+                    # Gone: completed just before a kill, or expired. Look before copying again.
+                    if await self.matches(item):
+                        self.stats.bytes_done += item.size
+                        return None
+                else:
+                    resumed = sum(record.parts.values())
+                    self.stats.resumed_bytes += resumed
+                    self.stats.bytes_done += resumed
+                    return upload, set(record.parts)
+            else:
+                await abort_upload(self.dst, item.path, record.part_size, record.token)
+        await self._changing()
+        with _writing(self.dst, item.path):
+            upload = await self.dst.open_upload(item.path, part_size=part_size)
+        if upload.token is not None:
+            await self.journal.begin_upload(item.path, item.digest, part_size, upload.token)
+        return upload, set()
+
+    # -- checking the destination ------------------------------------------------------
+
+    async def matches(self, item: PlanItem) -> bool:
+        """Whether the destination object has exactly the manifest's bytes (read and hashed)."""
+        step = self.part_size
+        try:
+            info = await self.dst.info(item.path)
+            if info.size != item.size:
+                return False
+            for start in range(0, item.size, step):
+                end = min(start + step, item.size)
+                granted = await self.budget.acquire(end - start)
+                try:
+                    data = await self.dst.read_range(item.path, start, end)
+                finally:
+                    self.budget.release(granted)
+                try:
+                    self._checker(item, start)(data)
+                except CorruptData:
+                    self.stats.corrupt_blocks -= 1  # a stale destination copy, not a bad source read
+                    return False
+                self.stats.checked_bytes += end - start
+        except (ShardNotFound, InvalidRange):
+            return False
+        self.stats.checked_objects += 1
+        return True
+
+
+async def abort_upload(dst: Store, path: str, part_size: int, token: str) -> None:
+    """Discard an upload left by an earlier run (best effort: it may be gone already)."""
+    try:
+        upload = await dst.resume_upload(path, part_size=part_size, token=token, parts={})
+        await upload.abort()
+    except (ShardNotFound, UnsupportedOperation):
+        pass
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf of an exception group (the error that stopped the parts)."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -1,0 +1,162 @@
+"""The source manifest of a replication: read from the source, or built on the fly and cached.
+
+The manifest read from ``SRC/.stager/manifest.parquet`` is kept as its bytes:
+they are what the destination gets at the end (the replica's manifest is a
+copy of the source's, same digests), and their xxh3-64 is the run id that
+every shard computes alike without talking to the others.
+
+Without one, the source is indexed as ``stager index`` would (every file
+hashed once) and the result kept in the state directory under a fingerprint
+of the source listing (paths, sizes, mtimes), so a rerun after a kill does not
+hash the source again unless it changed. Sharded runs need a manifest at the
+source: N shards indexing on their own would each read everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from ..errors import ManifestError, ShardNotFound
+from ..manifest import (
+    MANIFEST_DIR,
+    MANIFEST_PATH,
+    Manifest,
+    decode_manifest,
+    encode_manifest,
+)
+from ..manifest.build import IndexConfig, build_manifest
+from ..store import Store, UnsupportedOperation
+
+#: Reads of a manifest at most, until two of them agree.
+MANIFEST_READS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SourceManifest:
+    """The source's manifest, its encoded bytes and the run id derived from them."""
+
+    manifest: Manifest
+    data: bytes
+    indexed: bool  # built on the fly: the source has no manifest
+
+    @property
+    def run_id(self) -> str:
+        return run_id_of(self.data)
+
+
+def run_id_of(data: bytes) -> str:
+    """The id of a replication of the dataset whose manifest is ``data`` (16 hex digits)."""
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+async def read_manifest_bytes(store: Store) -> bytes | None:
+    """The raw manifest of ``store``, or None if it has none.
+
+    The manifest is what every byte is checked against, but nothing checks the
+    manifest itself on the way: it is read until two reads agree, so a body
+    corrupted in transit is not taken for the dataset's truth.
+
+    Raises:
+        ManifestError: no two reads agreed.
+        OriginError: reading failed beyond the retry budget.
+    """
+    seen: set[bytes] = set()
+    for _ in range(MANIFEST_READS):
+        try:
+            data = await store.read(MANIFEST_PATH)
+        except ShardNotFound:
+            return None
+        digest = xxhash.xxh3_128_digest(data)
+        if digest in seen:
+            return data
+        seen.add(digest)
+    raise ManifestError(f"{store.url.rstrip('/')}/{MANIFEST_PATH}: {MANIFEST_READS} reads gave different bytes; "
+                        "the origin is corrupting bodies or the manifest is being rewritten")
+
+
+async def source_manifest(
+    src: Store,
+    state_dir: Path,
+    *,
+    allow_index: bool = True,
+    index: IndexConfig | None = None,
+    on_listed: Callable[[int, int], None] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> SourceManifest:
+    """The manifest to replicate ``src`` by.
+
+    Raises:
+        ManifestError: the source has an invalid manifest, or none and ``allow_index`` is False,
+            or none and it cannot be listed (plain HTTP).
+        OriginError: reading or listing the source failed.
+    """
+    name = f"{src.url.rstrip('/')}/{MANIFEST_PATH}"
+    data = await read_manifest_bytes(src)
+    if data is not None:
+        return SourceManifest(decode_manifest(data, name), data, indexed=False)
+    if not allow_index:
+        raise ManifestError(f"{name}: no manifest; run `stager index {src.url}` first "
+                            "(every shard must plan from the same manifest)")
+    try:
+        fingerprint = await listing_fingerprint(src)
+    except UnsupportedOperation as exc:
+        raise ManifestError(f"{name}: no manifest, and {src.url} cannot be listed to index it; "
+                            "index the dataset where it can be listed") from exc
+    cached = state_dir / f"index-{fingerprint}.parquet"
+    data = await asyncio.to_thread(_read_if_present, cached)
+    if data is not None:
+        try:
+            return SourceManifest(decode_manifest(data, str(cached)), data, indexed=True)
+        except ManifestError:
+            cached.unlink(missing_ok=True)  # damaged: index again
+    try:
+        manifest = await build_manifest(src, index or IndexConfig(bin_dtype=None), on_listed=on_listed,
+                                        on_bytes=on_bytes)
+    except BaseExceptionGroup as group:  # the indexer's task group: report its first error
+        raise _first_leaf(group) from None
+    data = encode_manifest(manifest)
+    await asyncio.to_thread(_keep_index, cached, data)
+    return SourceManifest(manifest, data, indexed=True)
+
+
+def _read_if_present(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _keep_index(path: Path, data: bytes) -> None:
+    """Save a manifest built on the fly in the state directory (atomically), replacing older ones."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old in path.parent.glob("index-*.parquet"):
+        old.unlink(missing_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+async def listing_fingerprint(store: Store) -> str:
+    """A digest of every object's path, size and mtime (order-independent), the manifest's folder left out."""
+    total = 0
+    count = 0
+    async for page in store.scan():
+        for obj in page:
+            if obj.path.startswith(MANIFEST_DIR + "/"):
+                continue
+            total = (total + xxhash.xxh3_64_intdigest(f"{obj.path}\0{obj.size}\0{obj.mtime}".encode())) % (1 << 64)
+            count += 1
+    return f"{count:x}-{total:016x}"
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
