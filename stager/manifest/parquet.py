@@ -72,5 +72,10 @@ def decode_manifest(data: bytes | memoryview, name: str) -> Manifest:
         table = table.cast(SCHEMA)
     except (pa.ArrowException, ValueError) as exc:
         raise ManifestError(f"{name}: manifest columns have the wrong types: {exc}") from exc
+    try:
+        for column in ("path", "dtype"):  # Parquet does not check UTF-8: a corrupt path must not get further
+            table.column(column).validate(full=True)
+    except (pa.ArrowException, ValueError) as exc:
+        raise ManifestError(f"{name}: manifest is corrupt: {exc}") from exc
     validate_table(table, block_size, name)
     return Manifest(table, block_size)
