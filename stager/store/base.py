@@ -12,7 +12,7 @@ import abc
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Mapping
 
-from ..errors import OriginError
+from ..errors import OriginError, ShardNotFound
 
 #: ``check(data)`` verifies a body before it is returned; it raises
 #: :class:`~stager.errors.CorruptData` to have the read retried.
@@ -181,9 +181,13 @@ class Store(abc.ABC):
     async def delete(self, path: str) -> None:
         """Delete one object. Deleting an absent object is not an error."""
 
-    @abc.abstractmethod
     async def exists(self, path: str) -> bool:
         """Whether an object (not a directory) exists at ``path``."""
+        try:
+            await self.info(path)
+        except ShardNotFound:
+            return False
+        return True
 
     @abc.abstractmethod
     async def open_upload(self, path: str, *, part_size: int) -> Upload:

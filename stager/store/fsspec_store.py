@@ -140,13 +140,6 @@ class FsspecStore(Store):
             raise ShardNotFound(f"{path}: not an object (a {entry.get('type')})")
         return ObjectInfo(path, int(entry.get("size") or 0), _mtime(entry))
 
-    async def exists(self, path: str) -> bool:
-        try:
-            await self.info(path)
-        except ShardNotFound:
-            return False
-        return True
-
     async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
         full = self._full(path)
         validate_range(path, start, end)

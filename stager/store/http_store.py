@@ -19,7 +19,7 @@ import aiohttp
 import yarl
 
 from ..config import RetryConfig
-from ..errors import ConfigError, ShardNotFound, TransientOriginError
+from ..errors import ConfigError, TransientOriginError
 from .bandwidth import BandwidthLimiter
 from .base import Check, ObjectInfo, Store, UnsupportedOperation, Upload, validate_path, validate_range
 from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session
@@ -111,13 +111,6 @@ class HttpStore(Store):
                 raise TransientOriginError(f"{path}: the server gives no size (no Content-Length or Content-Range)")
             resp.close()
             return ObjectInfo(path, size, last_modified(resp))
-
-    async def exists(self, path: str) -> bool:
-        try:
-            await self.info(path)
-        except ShardNotFound:
-            return False
-        return True
 
     async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
         url = self._object_url(path)

@@ -108,13 +108,6 @@ class LocalStore(Store):
         full = self._full(path)
         return await self._run(_stat_file, full, path, what=path)
 
-    async def exists(self, path: str) -> bool:
-        try:
-            await self.info(path)
-        except ShardNotFound:
-            return False
-        return True
-
     async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
         full = self._full(path)
         validate_range(path, start, end)
