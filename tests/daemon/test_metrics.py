@@ -7,6 +7,8 @@ agree with the proxy's count of what it injected and forwarded.
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -46,8 +48,14 @@ async def test_metrics_count_what_happened(node):
     for position in range(len(m)):
         await plan.ready(position)
 
-    before = await scrape(node)  # everything is ready, nothing consumed yet
     labels = {"consumer": session.consumer_id, "plan": "p0", "dataset": dataset.url}
+    # Everything is ready, nothing consumed yet. A consumer may see a blob's file a moment before the
+    # daemon's index records the commit, so give the snapshot a bounded moment to catch up.
+    for _ in range(50):
+        before = await scrape(node)
+        if value(before, "stager_plan_ready_ahead_steps", **labels) == len(m):
+            break
+        await asyncio.sleep(0.1)
     assert value(before, "stager_plan_ready_ahead_steps", **labels) == len(m)
     assert value(before, "stager_plan_ready_ahead_bytes", **labels) == m.total_bytes
     assert value(before, "stager_plan_cursor", **labels) == 0
