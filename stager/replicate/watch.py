@@ -180,15 +180,29 @@ def ready_files(candidates: list[tuple], markers: dict[str, float], config: Watc
     return ready
 
 
+#: Blocks read ahead while hashing a file (the hash itself needs them in order).
+READ_AHEAD = 4
+
+
 async def hash_object(store: Store, path: str, size: int, block_size: int) -> tuple[str, list[int]]:
-    """The xxh3-128 and per-block xxh3-64 digests of an object, read once in order."""
+    """The xxh3-128 and per-block xxh3-64 digests of an object, each block read once, a few ahead."""
     hasher = StreamHasher(block_size)
     count = -(-size // block_size)
-    for index in range(count):
-        start, end = block_range(index, size, block_size)
-        hasher.update(await store.read_range(path, start, end))
     if count == 0:
         await store.info(path)  # an empty file must still exist
+        return hasher.finish()
+    pending: list[asyncio.Task[bytes]] = []
+    try:
+        for index in range(count):
+            while len(pending) < READ_AHEAD and index + len(pending) < count:
+                start, end = block_range(index + len(pending), size, block_size)
+                pending.append(asyncio.ensure_future(store.read_range(path, start, end)))
+            hasher.update(await pending.pop(0))
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:  # collect them, so no error of a read ahead goes unretrieved
+            await asyncio.gather(*pending, return_exceptions=True)
     return hasher.finish()
 
 
