@@ -252,13 +252,15 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=10_000, help="number of small objects")
     parser.add_argument("--rss", default="10000,100000", help="object counts for the peak-RSS runs ('' to skip)")
     parser.add_argument("--no-faults", action="store_true", help="skip the runs through the fault proxy")
+    parser.add_argument("--only-rss", action="store_true", help="only the peak-RSS runs")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="stager-bench-replicate-"))
     print("# replicate benchmark: S3 to S3 between two rclone servers on loopback")
     print(f"machine: {machine()}")
     print(f"reproduce: .venv/bin/python benchmarks/replicate.py --gib {args.gib} --object-mib {args.object_mib} "
-          f"--small {args.small} --rss {args.rss}" + (" --no-faults" if args.no_faults else ""))
+          f"--small {args.small} --rss {args.rss}" + (" --no-faults" if args.no_faults else "")
+          + (" --only-rss" if args.only_rss else ""))
     began = time.monotonic()
     src = S3Server(work / "a" / "root", access_key="benchsrc" + "a" * 8, secret_key="srcsecret" + "s" * 16,
                    etag_hash="", extra_args=SERVER_ARGS)
@@ -267,31 +269,9 @@ def main() -> None:
     try:
         src.make_bucket("src")
         dst.make_bucket("dst")
-        count = max(1, int(args.gib * 1024 / args.object_mib))
-        large = write_dataset(src.root / "src" / "large", [args.object_mib * MiB] * count, "l", seed=1)
-        rng = np.random.default_rng(2)
-        small = write_dataset(src.root / "src" / "small", rng.integers(4096, 32768, args.small).tolist(), "s", seed=3)
-        print(f"datasets: large {len(large)} x {args.object_mib} MiB = {large.total_bytes / 2**30:.2f} GiB; "
-              f"small {len(small):,} objects, {small.total_bytes / 1e6:.0f} MB")
         bench = Bench(work, src, dst)
-        headers = ["dataset", "tool", "wall s", "MB/s", "objects/s", "client CPU s", "servers CPU s", "peak RSS MB",
-                   "verifies", "speed vs fastest verified peer"]
-        rows = compare(bench, "large", large, src.endpoint_url, dst.endpoint_url, "clean")
-        rows += compare(bench, "small", small, src.endpoint_url, dst.endpoint_url, "clean")
-        print("\n## clean servers\n")
-        print(table(rows, headers))
-        if not args.no_faults:
-            with FaultProxy(src.endpoint_url, FaultPlan(**READ_FAULTS, methods=("GET",)), seed=5,
-                            credentials=src.credentials) as read_proxy, \
-                 FaultProxy(dst.endpoint_url, FaultPlan(**WRITE_FAULTS, methods=("PUT", "POST")), seed=6,
-                            credentials=dst.credentials) as write_proxy:
-                rows = compare(bench, "large", large, read_proxy.url, write_proxy.url, "faulty")
-                rows += compare(bench, "small", small, read_proxy.url, write_proxy.url, "faulty")
-                print("\n## through fault proxies (source GETs: 503, 500, reset, truncated, flipped bodies; "
-                      "destination PUT/POST: 503, 500, reset)\n")
-                print(table(rows, headers))
-                print(f"\nfaults injected: source {json.dumps(read_proxy.faults)}, "
-                      f"destination {json.dumps(write_proxy.faults)}")
+        if not args.only_rss:
+            compare_all(bench, args)
         counts = [int(c) for c in args.rss.split(",") if c.strip()]
         if counts:
             print("\n## stager peak RSS by object count (1 KiB objects)\n")
@@ -302,6 +282,36 @@ def main() -> None:
         src.stop()
         dst.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def compare_all(bench: Bench, args: argparse.Namespace) -> None:
+    """The side-by-side runs: both datasets, clean, then through the fault proxies."""
+    src, dst = bench.src, bench.dst
+    count = max(1, int(args.gib * 1024 / args.object_mib))
+    large = write_dataset(src.root / "src" / "large", [args.object_mib * MiB] * count, "l", seed=1)
+    rng = np.random.default_rng(2)
+    small = write_dataset(src.root / "src" / "small", rng.integers(4096, 32768, args.small).tolist(), "s", seed=3)
+    print(f"datasets: large {len(large)} x {args.object_mib} MiB = {large.total_bytes / 2**30:.2f} GiB; "
+          f"small {len(small):,} objects, {small.total_bytes / 1e6:.0f} MB")
+    headers = ["dataset", "tool", "wall s", "MB/s", "objects/s", "client CPU s", "servers CPU s", "peak RSS MB",
+               "verifies", "speed vs fastest verified peer"]
+    rows = compare(bench, "large", large, src.endpoint_url, dst.endpoint_url, "clean")
+    rows += compare(bench, "small", small, src.endpoint_url, dst.endpoint_url, "clean")
+    print("\n## clean servers\n")
+    print(table(rows, headers))
+    if args.no_faults:
+        return
+    with FaultProxy(src.endpoint_url, FaultPlan(**READ_FAULTS, methods=("GET",)), seed=5,
+                    credentials=src.credentials) as read_proxy, \
+         FaultProxy(dst.endpoint_url, FaultPlan(**WRITE_FAULTS, methods=("PUT", "POST")), seed=6,
+                    credentials=dst.credentials) as write_proxy:
+        rows = compare(bench, "large", large, read_proxy.url, write_proxy.url, "faulty")
+        rows += compare(bench, "small", small, read_proxy.url, write_proxy.url, "faulty")
+        print("\n## through fault proxies (source GETs: 503, 500, reset, truncated, flipped bodies; "
+              "destination PUT/POST: 503, 500, reset)\n")
+        print(table(rows, headers))
+        print(f"\nfaults injected: source {json.dumps(read_proxy.faults)}, "
+              f"destination {json.dumps(write_proxy.faults)}")
 
 
 if __name__ == "__main__":
