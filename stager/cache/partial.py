@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import CacheError
 from ..hashing import block_count, block_range
-from .fileio import os_error, pread_exact, pwrite_all
+from .fileio import os_error, pread_exact, pwritev_all
 
 if TYPE_CHECKING:
     from .tier import CacheTier
@@ -97,16 +97,54 @@ class PartialBlob:
         length = memoryview(data).nbytes
         if length != end - start:
             raise ValueError(f"blob {self.digest}: block {index} must be {end - start} bytes, got {length}")
+        self.write_into_block(index, start, [data])
+        self.mark_verified(index, durable=durable)
+
+    def write_into_block(self, index: int, offset: int, buffers: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Write ``buffers`` at ``offset`` of the blob, inside block ``index``, without recording anything.
+
+        For a block that streams in: its bytes are written as they arrive and
+        count for nothing until :meth:`mark_verified` (a crash before leaves
+        bytes the index does not claim, fetched again). A block already
+        verified is never written over.
+
+        Raises:
+            ValueError: the bytes reach outside block ``index``.
+            CacheFull: the disk is full.
+            CacheError: the partial blob was evicted or removed meanwhile, or an I/O error.
+        """
+        start, end = self.block_range(index)
+        length = sum(memoryview(b).nbytes for b in buffers)
+        if not start <= offset <= offset + length <= end:
+            raise ValueError(f"blob {self.digest}: bytes [{offset}, {offset + length}) are not inside block {index} "
+                             f"[{start}, {end})")
         with self._lock:
             if index in self._verified:
                 return
         fd = self._require_fd()
         try:
-            pwrite_all(fd, data, start)
-            if durable:
-                os.fdatasync(fd)
+            pwritev_all(fd, buffers, offset)
         except OSError as exc:
             raise os_error(exc, f"writing block {index} of blob {self.digest} in {self._tier.directory}") from exc
+
+    def mark_verified(self, index: int, *, durable: bool = True) -> None:
+        """Record block ``index``, whose bytes the caller wrote and verified, as verified.
+
+        With ``durable`` the file is fdatasync'ed first (see :meth:`write_block`).
+
+        Raises:
+            CacheFull, CacheError: as :meth:`write_block`.
+        """
+        self._check_index(index)
+        with self._lock:
+            if index in self._verified:
+                return
+        fd = self._require_fd()
+        if durable:
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                raise os_error(exc, f"syncing block {index} of blob {self.digest} in {self._tier.directory}") from exc
         self._tier._record_block(self, index, durable)
         with self._lock:
             self._verified.add(index)

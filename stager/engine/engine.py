@@ -231,8 +231,16 @@ class Engine:
 
     async def in_disk_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run blocking cache work (pwrite, fsync, sqlite) off the event loop."""
+        return await self.start_in_disk_thread(fn, *args, **kwargs)
+
+    def start_in_disk_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Start blocking cache work off the event loop; its future is done once the thread is.
+
+        Await it through :func:`asyncio.shield` (or not at all) when the caller may be
+        cancelled: cancelling this future would not stop the thread, only hide when it ends.
+        """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._disk, functools.partial(fn, *args, **kwargs))
+        return loop.run_in_executor(self._disk, functools.partial(fn, *args, **kwargs))
 
     def add_block_listener(self, listener: Callable[[BlobRef, int], None]) -> None:
         """Call ``listener(ref, nbytes)`` for every verified block written (progress bars, metrics)."""

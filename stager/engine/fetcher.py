@@ -5,8 +5,8 @@ engine keeps one per digest and every waiter shares it). It serves two kinds
 of wants, in any mix: the whole blob (``want_all``, what ``Engine.ensure``
 and plans ask for; resolved with the complete file's path once committed) and
 single blocks (``want``, what a reader blocked on one block asks for, e.g. the
-FUSE mount; resolved with the block's bytes as soon as they are verified,
-before they reach the disk). Each wanted block has one future shared by all its
+FUSE mount; resolved once the block is verified and recorded, for the reader
+to take from the cache). Each wanted block has one future shared by all its
 waiters, so a block is fetched once however many ask for it and whichever kind
 of want asked first; a block wanted urgently while the whole-blob fetch has it
 queued just has its queued request boosted.
@@ -20,11 +20,16 @@ seconds after its last want (the next read of the blob is likely near), then
 closes the partial file and releases the lock so other processes can proceed.
 
 Blocks are fetched in parallel as ranged reads through the engine's priority
-gate, each one hashed and checked against the manifest inside the store's
-retry loop (a corrupted or short body is retried, never written), raced by a
-hedged request when it straggles, then written with pwrite and recorded as
-verified by the cache. Blocks a previous run already verified are not fetched
-again. When every block is verified and the whole blob is wanted, the partial
+gate. Each streams into its place in the partial file as it arrives (batched
+``pwritev`` on the disk threads, a few batches in flight per block, so memory
+stays small whatever the block size), hashed on the way; only when the whole
+block matches the manifest is it recorded as verified. A corrupted or short
+body is retried inside the store's retry loop and its bytes count for nothing
+(the next attempt writes over them once the old writes have ended). A block
+that straggles is raced by a hedged request that keeps its bytes in memory;
+if the hedge wins, the first request is cancelled and its writes settled
+before the hedge's bytes are written. Blocks a previous run already verified
+are not fetched again. When every block is verified and the whole blob is wanted, the partial
 file is committed by rename. A disk write in progress is always let finish
 before the partial file's handle is closed, even when the job is cancelled.
 """
@@ -35,12 +40,16 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
+
+import xxhash
 
 from ..cache import BlobState
 from ..errors import CacheError, CorruptData, StagerError
 from ..hashing import block_digest, block_range
+from ..store import RangeSink
 from .hedging import hedged
 
 if TYPE_CHECKING:
@@ -353,39 +362,112 @@ class BlobJob:
         index = block.index
         start, end = block_range(index, ref.size, ref.block_size)
         expected = ref.blocks[index]
+        store = ref.dataset.store
+        config = engine.config
+
+        def corrupt() -> CorruptData:
+            engine.stats.verify_failures += 1
+            return CorruptData(f"{ref.dataset.name}/{ref.path}: block {index} (bytes {start}-{end}) "
+                               "does not match the manifest digest")
+
+        def stream() -> Awaitable[None]:  # into the partial file as the bytes arrive, hashed on the way
+            return store.read_range_into(ref.path, start, end,
+                                         lambda: _BlockWriter(engine, partial, index, start, expected, corrupt))
 
         def check(data: bytes) -> None:
             if block_digest(data) != expected:
-                engine.stats.verify_failures += 1
-                raise CorruptData(f"{ref.dataset.name}/{ref.path}: block {index} (bytes {start}-{end}) "
-                                  "does not match the manifest digest")
+                raise corrupt()
 
-        def read():
-            return ref.dataset.store.read_range(ref.path, start, end, check=check)
+        def in_memory() -> Awaitable[bytes]:  # the hedge: must not write where the first request writes
+            return store.read_range(ref.path, start, end, check=check)
 
         def count_hedge() -> None:
             engine.stats.hedged_requests += 1
 
-        config = engine.config
         try:
             async with engine.gate.slot(block.priority, owner=block):
                 delay = engine.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
                     if config.hedge else None
                 began = time.monotonic()
-                data, hedge_won = await hedged(read, delay, count_hedge)
+                data, hedge_won = await hedged(stream, delay, count_hedge, make_hedge=in_memory)
                 engine.latency.record(time.monotonic() - began, end - start)
-                if hedge_won:
+                if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
                     engine.stats.hedges_won += 1
-                if not block.future.done():
-                    block.future.set_result(data)  # verified: a reader blocked on it need not wait for the disk
-                # The write stays inside the slot: in-flight memory is bounded by concurrency x block size.
+                    await _finish_even_if_cancelled(
+                        engine.start_in_disk_thread(partial.write_into_block, index, start, [data]))
                 await _finish_even_if_cancelled(
-                    engine.in_disk_thread(partial.write_block, index, data, durable=config.durable))
+                    engine.start_in_disk_thread(partial.mark_verified, index, durable=config.durable))
         except Exception as exc:  # cancellation is settled by the job (the block may be wanted again)
             if not block.future.done():
                 block.future.set_exception(exc)
             raise
-        engine.stats.bytes_fetched += len(data)
+        if not block.future.done():
+            block.future.set_result(data)  # verified and recorded; None: readers read it from the cache
+        engine.stats.bytes_fetched += end - start
         engine.stats.blocks_fetched += 1
-        engine.on_block_fetched(ref, len(data))
+        engine.on_block_fetched(ref, end - start)
 
+
+#: Bytes of a streaming block gathered before they go to the disk thread in one pwritev.
+WRITE_BATCH = 1 << 20
+#: Batches of one block on their way to the disk at once; the next chunk waits for room.
+WRITES_IN_FLIGHT = 2
+
+
+class _BlockWriter(RangeSink):
+    """One attempt at one block: written into the partial file as it arrives, hashed on the way.
+
+    The bytes count for nothing until the attempt closes with the right digest
+    and the caller marks the block verified. Memory held is about
+    ``WRITE_BATCH * (WRITES_IN_FLIGHT + 1)`` whatever the block size. Every
+    write this attempt started has ended by the time :meth:`close` or
+    :meth:`abort` returns, so a retry or a hedge never races an old write.
+    """
+
+    def __init__(self, engine: "Engine", partial: "PartialBlob", index: int, offset: int, expected: int,
+                 corrupt: Callable[[], CorruptData]) -> None:
+        self._engine = engine
+        self._partial = partial
+        self._index = index
+        self._offset = offset
+        self._expected = expected
+        self._corrupt = corrupt
+        self._hasher = xxhash.xxh3_64()
+        self._batch: list[bytes] = []
+        self._batch_bytes = 0
+        self._writes: deque[asyncio.Future[None]] = deque()
+
+    async def write(self, chunk: bytes) -> None:
+        self._hasher.update(chunk)
+        self._batch.append(chunk)
+        self._batch_bytes += len(chunk)
+        if self._batch_bytes >= WRITE_BATCH:
+            self._send_batch()
+            while len(self._writes) > WRITES_IN_FLIGHT:
+                await asyncio.shield(self._writes[0])  # its error (disk full) ends the attempt
+                self._writes.popleft()
+
+    def _send_batch(self) -> None:
+        if self._batch:
+            self._writes.append(self._engine.start_in_disk_thread(
+                self._partial.write_into_block, self._index, self._offset, self._batch))
+            self._offset += self._batch_bytes
+            self._batch = []
+            self._batch_bytes = 0
+
+    async def close(self) -> None:
+        self._send_batch()
+        while self._writes:
+            await asyncio.shield(self._writes[0])
+            self._writes.popleft()
+        if self._hasher.intdigest() != self._expected:
+            raise self._corrupt()
+
+    async def abort(self) -> None:
+        self._batch = []
+        writes = list(self._writes)
+        self._writes.clear()
+        if writes:
+            await asyncio.wait(writes)  # threads cannot be stopped: let them end
+            for write in writes:
+                write.exception()  # retrieved: the attempt's own error is what counts

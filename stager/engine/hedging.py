@@ -50,12 +50,18 @@ class LatencyTracker:
         return max(min_delay, p95 * max(nbytes / MiB, 1 / 64) * factor)
 
 
-async def hedged(make: Callable[[], Awaitable[T]], delay: float | None, on_hedge: Callable[[], None] | None = None) -> tuple[T, bool]:
-    """Run ``make()``; if it is still running after ``delay`` seconds, race a second ``make()``.
+async def hedged(make: Callable[[], Awaitable[T]], delay: float | None, on_hedge: Callable[[], None] | None = None,
+                 *, make_hedge: Callable[[], Awaitable[T]] | None = None) -> tuple[T, bool]:
+    """Run ``make()``; if it is still running after ``delay`` seconds, race a second request.
 
-    Returns the first successful result and whether the hedge won. If one attempt
-    fails, the other is still awaited; if both fail, the first error is raised.
-    Cancelling the caller cancels both.
+    The second request is ``make_hedge()`` if given (a request that must not
+    collide with the first, e.g. one that keeps its bytes in memory while the
+    first writes them to disk), else ``make()`` again. Returns the first
+    successful result and whether the hedge won. If one attempt fails, the
+    other is still awaited; if both fail, the first error is raised. The loser
+    is cancelled and awaited to its end before this returns (cancelling the
+    caller cancels both, and also waits for them), so nothing it started is
+    still running afterwards.
     """
     first = asyncio.ensure_future(make())
     tasks = [first]
@@ -67,7 +73,7 @@ async def hedged(make: Callable[[], Awaitable[T]], delay: float | None, on_hedge
             return first.result(), False
         if on_hedge:
             on_hedge()
-        second = asyncio.ensure_future(make())
+        second = asyncio.ensure_future((make_hedge or make)())
         tasks.append(second)
         pending = {first, second}
         error: BaseException | None = None
@@ -80,6 +86,21 @@ async def hedged(make: Callable[[], Awaitable[T]], delay: float | None, on_hedge
         assert error is not None
         raise error
     finally:
+        await _cancel_and_wait([task for task in tasks if not task.done()])
+
+
+async def _cancel_and_wait(tasks: list[asyncio.Future]) -> None:
+    """Cancel ``tasks`` and wait until they have ended, even if the caller is cancelled meanwhile."""
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    try:
+        await asyncio.wait(tasks)
+    except asyncio.CancelledError:
+        await asyncio.wait(tasks)
+        raise
+    finally:
         for task in tasks:
-            if not task.done():
-                task.cancel()
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a loser's failure is not an unhandled error

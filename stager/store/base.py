@@ -9,14 +9,71 @@ and raises only :class:`~stager.errors.OriginError` subclasses.
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Mapping
+from typing import AsyncIterator, Awaitable, Callable, Mapping
 
 from ..errors import OriginError, ShardNotFound
 
 #: ``check(data)`` verifies a body before it is returned; it raises
-#: :class:`~stager.errors.CorruptData` to have the read retried.
-Check = Callable[[bytes], None]
+#: :class:`~stager.errors.CorruptData` to have the read retried. It may be a
+#: coroutine function (awaited within the attempt).
+Check = Callable[[bytes], "None | Awaitable[None]"]
+
+
+async def run_check(check: Check | None, data: bytes) -> None:
+    """Apply ``check`` to ``data``, awaiting it if it is a coroutine function."""
+    if check is not None:
+        result = check(data)
+        if result is not None:
+            await result
+
+
+class RangeSink(abc.ABC):
+    """Takes the bytes of one attempt at a range, in order, as they arrive (see :meth:`Store.read_range_into`).
+
+    A new sink is opened for every attempt. :meth:`close` ends a complete
+    attempt and may raise :class:`~stager.errors.CorruptData` (the read is then
+    retried with a new sink); :meth:`abort` ends an attempt that failed, was cut
+    short or was cancelled, and is always awaited to its end.
+    """
+
+    @abc.abstractmethod
+    async def write(self, chunk: bytes) -> None:
+        """The next bytes of the range (a reference the sink may keep: they are not reused)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Every byte of the range was written: finish (and verify) them."""
+
+    @abc.abstractmethod
+    async def abort(self) -> None:
+        """The attempt failed: settle whatever is in progress; the bytes written count for nothing."""
+
+
+async def feed_sink(sink: RangeSink, chunks: AsyncIterator[bytes]) -> None:
+    """Write ``chunks`` into ``sink`` and close it; on any failure or cancellation, abort it first."""
+    try:
+        async for chunk in chunks:
+            await sink.write(chunk)
+        await sink.close()
+    except BaseException:
+        await _to_the_end(sink.abort())
+        raise
+
+
+async def _to_the_end(awaitable: Awaitable[None]) -> None:
+    """Await ``awaitable`` to its end even if the caller is cancelled meanwhile (cancellation then re-raised)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+
+
+async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 class InvalidPath(OriginError, ValueError):
@@ -163,6 +220,24 @@ class Store(abc.ABC):
             OriginUnavailable: transient failures outlasted the retry budget.
             OriginChanged: the last attempts all failed ``check``.
         """
+
+    async def read_range_into(self, path: str, start: int, end: int, open_sink: Callable[[], RangeSink]) -> None:
+        """Stream the bytes of ``[start, end)`` into ``open_sink()``, a new sink for each attempt.
+
+        For ranges too large to hold in memory at once, or to write them to disk
+        as they arrive. A sink whose :meth:`RangeSink.close` raises
+        :class:`~stager.errors.CorruptData` has the read retried, like ``check``
+        in :meth:`read_range`; any failure of an attempt aborts its sink first.
+        Stores that cannot stream (the default here) give each attempt's body
+        to its sink in one piece.
+
+        Raises:
+            As :meth:`read_range`; and whatever the sink raises other than CorruptData.
+        """
+        async def deliver(data: bytes) -> None:
+            await feed_sink(open_sink(), _one_chunk(data))
+
+        await self.read_range(path, start, end, check=deliver)
 
     @abc.abstractmethod
     async def read(self, path: str) -> bytes:

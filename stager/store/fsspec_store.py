@@ -30,7 +30,7 @@ from fsspec.core import split_protocol
 from ..config import RetryConfig
 from ..errors import ShardNotFound, TransientOriginError
 from .bandwidth import BandwidthLimiter
-from .base import Check, InvalidRange, ObjectInfo, Store, Upload, validate_path, validate_range
+from .base import Check, InvalidRange, ObjectInfo, Store, Upload, run_check, validate_path, validate_range
 from .parts import PartLedger
 from .retry import RetryPolicy
 from .stats import OriginStats
@@ -146,8 +146,7 @@ class FsspecStore(Store):
         what = f"{path} [{start}, {end})"
         if start == end:
             await self.info(path)  # still fail on a missing object
-            if check is not None:
-                check(b"")
+            await run_check(check, b"")
             return b""
 
         async def attempt() -> bytes:
@@ -158,8 +157,7 @@ class FsspecStore(Store):
             self.stats.bytes_read += len(data)
             if len(data) != end - start:
                 await self._short_body(path, what, len(data), end - start, end)
-            if check is not None:
-                check(data)
+            await run_check(check, data)
             return data
 
         return await self.retry.run(attempt, what=what)

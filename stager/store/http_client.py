@@ -10,15 +10,17 @@ chunks. There is no aiohttp timeout: each attempt runs under the
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import re
-from typing import Mapping
+from typing import Callable, Mapping
 
 import aiohttp
 import yarl
 
 from ..errors import OriginError, TransientOriginError
-from .range_body import read_body, read_range_body
+from .base import RangeSink, feed_sink
+from .range_body import range_chunks, read_body, read_range_body
 from .stats import OriginStats
 from .translate import error_for_status, translated
 
@@ -78,6 +80,29 @@ async def fetch_range(
             if resp.status >= 300:
                 raise await error_from_response(resp, what)
             return await read_range_body(resp, start, end, what, stats)
+
+
+async def stream_range(
+    session: aiohttp.ClientSession,
+    url: yarl.URL,
+    headers: Mapping[str, str],
+    start: int,
+    end: int,
+    what: str,
+    stats: OriginStats,
+    sink: Callable[[], RangeSink],
+) -> None:
+    """One GET of ``[start, end)`` streamed into a new ``sink()`` as it arrives; errors translated.
+
+    The sink is opened once the answer's status is known good, and aborted if
+    the body turns out wrong (see :func:`~stager.store.range_body.range_chunks`).
+    """
+    with translated(what):
+        async with session.get(url, headers=headers) as resp:
+            if resp.status >= 300:
+                raise await error_from_response(resp, what)
+            async with contextlib.aclosing(range_chunks(resp, start, end, what, stats)) as chunks:
+                await feed_sink(sink(), chunks)
 
 
 async def fetch_all(

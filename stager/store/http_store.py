@@ -12,7 +12,7 @@ found through their manifest.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
 import aiohttp
@@ -21,8 +21,9 @@ import yarl
 from ..config import RetryConfig
 from ..errors import ConfigError, TransientOriginError
 from .bandwidth import BandwidthLimiter
-from .base import Check, ObjectInfo, Store, UnsupportedOperation, Upload, validate_path, validate_range
-from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session
+from .base import (Check, ObjectInfo, RangeSink, Store, UnsupportedOperation, Upload, run_check, validate_path,
+                   validate_range)
+from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session, stream_range
 from .range_body import parse_content_range, range_header
 from .retry import RetryPolicy
 from .stats import OriginStats
@@ -118,8 +119,7 @@ class HttpStore(Store):
         what = f"{path} [{start}, {end})"
         if start == end:
             await self.info(path)  # still fail on a missing object
-            if check is not None:
-                check(b"")
+            await run_check(check, b"")
             return b""
         headers = {"Range": range_header(start, end)}
 
@@ -127,11 +127,26 @@ class HttpStore(Store):
             if self.bandwidth is not None:
                 await self.bandwidth.acquire(end - start)
             data = await fetch_range(self.session, url, headers, start, end, what, self.stats)
-            if check is not None:
-                check(data)
+            await run_check(check, data)
             return data
 
         return await self.retry.run(attempt, what=what)
+
+    async def read_range_into(self, path: str, start: int, end: int, open_sink: Callable[[], RangeSink]) -> None:
+        url = self._object_url(path)
+        validate_range(path, start, end)
+        if start == end:
+            await super().read_range_into(path, start, end, open_sink)
+            return
+        what = f"{path} [{start}, {end})"
+        headers = {"Range": range_header(start, end)}
+
+        async def attempt() -> None:
+            if self.bandwidth is not None:
+                await self.bandwidth.acquire(end - start)
+            await stream_range(self.session, url, headers, start, end, what, self.stats, open_sink)
+
+        await self.retry.run(attempt, what=what)
 
     async def read(self, path: str) -> bytes:
         url = self._object_url(path)

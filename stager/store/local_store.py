@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
 from ..config import RetryConfig
 from ..errors import ShardNotFound, TransientOriginError
 from .bandwidth import BandwidthLimiter
-from .base import Check, InvalidRange, ObjectInfo, Store, Upload, validate_path, validate_range
+from .base import Check, InvalidRange, ObjectInfo, Store, Upload, run_check, validate_path, validate_range
 from .parts import PartLedger
 from .retry import RetryPolicy
 from .stats import OriginStats
@@ -121,8 +121,7 @@ class LocalStore(Store):
             self.stats.bytes_read += len(data)
             if len(data) != end - start:
                 raise TransientOriginError(f"{what}: read {len(data)} bytes, expected {end - start} (file changing?)")
-            if check is not None:
-                check(data)
+            await run_check(check, data)
             return data
 
         return await self.retry.run(attempt, what=what)

@@ -16,7 +16,9 @@ provably holds bytes ``[start, end)`` of the object:
 
 from __future__ import annotations
 
+import contextlib
 import re
+from typing import AsyncIterator
 
 import aiohttp
 
@@ -47,9 +49,23 @@ def range_header(start: int, end: int) -> str:
 async def read_range_body(
     resp: aiohttp.ClientResponse, start: int, end: int, what: str, stats: OriginStats
 ) -> bytes:
-    """The ``end - start`` bytes of a 200/206 answer to ``Range: bytes=start-(end-1)``.
+    """The ``end - start`` bytes of a 200/206 answer to ``Range: bytes=start-(end-1)``, in memory.
 
-    aiohttp errors (reset, truncated body) propagate for the caller to translate.
+    Raises as :func:`range_chunks`.
+    """
+    chunks = [chunk async for chunk in range_chunks(resp, start, end, what, stats)]
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def range_chunks(
+    resp: aiohttp.ClientResponse, start: int, end: int, what: str, stats: OriginStats
+) -> AsyncIterator[bytes]:
+    """The ``end - start`` bytes of a 200/206 answer to ``Range: bytes=start-(end-1)``, as they arrive.
+
+    The headers are checked before the first chunk; the length after the last,
+    so a consumer must treat what it took as unverified until the iteration
+    ends without error. aiohttp errors (reset, truncated body) propagate for the
+    caller to translate.
 
     Raises:
         InvalidRange: the object is shorter than ``end``.
@@ -58,6 +74,8 @@ async def read_range_body(
     length = end - start
     declared = resp.content_length
     content_range = resp.headers.get("Content-Range")
+    skip = 0
+    whole_body = True  # the body is exactly the range (its length enforced by aiohttp and below)
     if content_range is not None:
         parsed = parse_content_range(content_range)
         if parsed is None:
@@ -67,26 +85,37 @@ async def read_range_body(
             raise InvalidRange(f"{what}: past the end of the object ({total} bytes)")
         if (first, last) != (start, end - 1):
             raise TransientOriginError(f"{what}: asked {range_header(start, end)}, got {content_range!r}")
-        if declared is None:  # chunked: never read more than one byte past the range
-            data = await _slice_stream(resp, 0, length + 1)
-        elif declared != length:
+        if declared is not None and declared != length:
             raise TransientOriginError(f"{what}: Content-Length {declared} for a {length}-byte range")
-        else:
-            data = await read_body(resp)
     elif resp.status == 206:
         raise TransientOriginError(f"{what}: 206 answer without Content-Range (multipart ranges?)")
     else:
         stats.range_ignored += 1
         if declared is not None and end > declared:
             raise InvalidRange(f"{what}: past the end of the object ({declared} bytes)")
-        if start == 0 and declared == length:
-            data = await read_body(resp)
-        else:
-            data = await _slice_stream(resp, start, length)
-    stats.bytes_read += len(data)
-    if len(data) != length:
-        raise TransientOriginError(f"{what}: body has {len(data)} bytes, expected {length}")
-    return data
+        if not (start == 0 and declared == length):
+            skip, whole_body = start, False
+    got = 0
+    if whole_body:
+        content = resp.content
+        while True:  # ends at EOF; aiohttp raises if the body is cut short of Content-Length
+            chunk, end_of_http_chunk = await content.readchunk()
+            if chunk:
+                got += len(chunk)
+                if got > length:  # chunked and longer than the range: never hand on a byte past it
+                    break
+                stats.bytes_read += len(chunk)
+                yield chunk
+            elif not end_of_http_chunk:  # (b"", True) only marks a chunk boundary
+                break
+    else:
+        async with contextlib.aclosing(_slice_stream(resp, skip, length)) as sliced:
+            async for chunk in sliced:
+                got += len(chunk)
+                stats.bytes_read += len(chunk)
+                yield chunk
+    if got != length:
+        raise TransientOriginError(f"{what}: body has {got} bytes, expected {length}")
 
 
 async def read_body(resp: aiohttp.ClientResponse) -> bytes:
@@ -108,24 +137,22 @@ async def read_body(resp: aiohttp.ClientResponse) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _slice_stream(resp: aiohttp.ClientResponse, start: int, length: int) -> bytes:
-    """Skip ``start`` bytes of the body, keep ``length``, then close the connection."""
+async def _slice_stream(resp: aiohttp.ClientResponse, start: int, length: int) -> AsyncIterator[bytes]:
+    """Skip ``start`` bytes of the body, yield up to ``length``, then close the connection."""
     content = resp.content
     try:
         skipped = 0
         while skipped < start:  # each pass consumes >= 1 byte or ends the loop
             chunk = await content.read(min(SKIP_CHUNK, start - skipped))
             if not chunk:
-                return b""
+                return
             skipped += len(chunk)
-        chunks = []
         got = 0
         while got < length:
             chunk = await content.read(length - got)
             if not chunk:
                 break
-            chunks.append(chunk)
             got += len(chunk)
-        return b"".join(chunks)
+            yield chunk
     finally:
         resp.close()  # the rest of the object is not wanted: drop the connection

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote, urlsplit
 
 import aiohttp
@@ -43,9 +43,9 @@ from botocore.credentials import Credentials
 from ..config import RetryConfig
 from ..errors import AccessDenied, ShardNotFound, TransientOriginError
 from .bandwidth import BandwidthLimiter
-from .base import Check, ObjectInfo, Upload, validate_range
+from .base import Check, ObjectInfo, RangeSink, Upload, run_check, validate_range
 from .fsspec_store import FsspecStore
-from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session
+from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session, stream_range
 from .parts import PartLedger
 from .range_body import range_header
 from .stats import OriginStats
@@ -124,8 +124,7 @@ class S3Store(FsspecStore):
         what = f"{path} [{start}, {end})"
         if start == end:
             await self.info(path)
-            if check is not None:
-                check(b"")
+            await run_check(check, b"")
             return b""
 
         async def attempt() -> bytes:
@@ -134,11 +133,27 @@ class S3Store(FsspecStore):
             signer = await self._get_signer()
             url, headers = await signer.sign("GET", bucket, key, {"Range": range_header(start, end)})
             data = await fetch_range(self.session, url, headers, start, end, what, self.stats)
-            if check is not None:
-                check(data)
+            await run_check(check, data)
             return data
 
         return await self.retry.run(attempt, what=what)
+
+    async def read_range_into(self, path: str, start: int, end: int, open_sink: Callable[[], RangeSink]) -> None:
+        bucket, key = self._bucket_key(path)
+        validate_range(path, start, end)
+        if start == end:
+            await super().read_range_into(path, start, end, open_sink)
+            return
+        what = f"{path} [{start}, {end})"
+
+        async def attempt() -> None:
+            if self.bandwidth is not None:
+                await self.bandwidth.acquire(end - start)
+            signer = await self._get_signer()
+            url, headers = await signer.sign("GET", bucket, key, {"Range": range_header(start, end)})
+            await stream_range(self.session, url, headers, start, end, what, self.stats, open_sink)
+
+        await self.retry.run(attempt, what=what)
 
     async def info(self, path: str) -> ObjectInfo:
         bucket, key = self._bucket_key(path)

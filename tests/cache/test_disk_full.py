@@ -79,7 +79,7 @@ def test_injected_enospc_on_write_and_on_sync(tmp_path, monkeypatch):
         def no_space(*args):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        monkeypatch.setattr(os, "pwrite", no_space)
+        monkeypatch.setattr(os, "pwritev", no_space)
         with pytest.raises(CacheFull, match=f"block 1 of blob {blob.digest}"):
             partial.write_block(1, blob.block(1))
         monkeypatch.undo()
