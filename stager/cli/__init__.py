@@ -19,6 +19,7 @@ and exit status 1; a traceback means a bug.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -57,13 +58,43 @@ def _default_map(config: dict[str, Any], commands: dict[str, click.Command]) -> 
     return result
 
 
+#: Each subcommand and the module that defines it: a command's module (and what it
+#: imports) is loaded only when that command runs or help lists it, so a short command
+#: does not pay for every other one's start-up.
+COMMAND_MODULES = {
+    "demo": "demo",
+    "index": "index",
+    "mount": "mount",
+    "replicate": "replicate",
+    "serve": "serve",
+    "stage": "stage",
+    "status": "status",
+    "unmount": "mount",
+    "verify": "status",
+}
+
+
 class StagerGroup(click.Group):
-    """A click group that loads the TOML config before parsing subcommand options."""
+    """A click group that loads its subcommands on first use and the TOML config before their options."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in COMMAND_MODULES:
+            importlib.import_module(f"{__name__}.{COMMAND_MODULES[name]}")  # registers itself on this group
+        return self.commands.get(name)
+
+    def all_commands(self) -> dict[str, click.Command]:
+        """Every subcommand, loading their modules."""
+        for module in sorted(set(COMMAND_MODULES.values())):
+            importlib.import_module(f"{__name__}.{module}")
+        return dict(self.commands)
 
     def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
         config_path = _find_config_path(args)
         if config_path:
-            extra["default_map"] = _default_map(load_toml(config_path), self.commands)
+            extra["default_map"] = _default_map(load_toml(config_path), self.all_commands())
         return super().make_context(info_name, args, parent=parent, **extra)
 
 
@@ -89,8 +120,6 @@ def cli(config_path: str | None, verbose: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning stager errors into one line and a non-zero exit."""
-    from . import commands  # noqa: F401  (registers the subcommands)
-
     try:
         cli.main(args=argv, prog_name="stager", standalone_mode=False)
     except StagerError as exc:

@@ -9,7 +9,6 @@ import tomllib
 from prometheus_client.parser import text_string_to_metric_families
 
 from stager.cli import _default_map, cli
-from stager.cli import commands  # noqa: F401  (registers the subcommands)
 from tests.daemon.support import REPO
 
 DEPLOY = REPO / "deploy"
@@ -18,8 +17,9 @@ DEPLOY = REPO / "deploy"
 def test_every_serve_setting_of_the_example_config_is_a_serve_option_with_a_valid_value():
     text = (DEPLOY / "config" / "stager.toml").read_text()
     config = tomllib.loads(text)
-    serve = cli.commands["serve"]
-    defaults = _default_map(config, cli.commands)["serve"]
+    commands = cli.all_commands()
+    serve = commands["serve"]
+    defaults = _default_map(config, commands)["serve"]
     shared = {k for k, v in config.items() if not isinstance(v, dict)}
     expected = (shared | set(config["serve"])) - {"storage_options"}
     # Every key of [serve] and every shared key lands on an option of `stager serve`.

@@ -1,0 +1,30 @@
+"""The command table: every subcommand is reachable, and only the one that runs is loaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from stager.cli import COMMAND_MODULES, cli
+from tests.cli.runner import run
+
+
+def test_the_table_names_exactly_the_commands_the_modules_define():
+    assert set(cli.all_commands()) == set(COMMAND_MODULES)
+
+
+def test_help_lists_every_command():
+    result = run(["--help"], check=True)
+    for name in COMMAND_MODULES:
+        assert f"  {name} " in result.stdout
+
+
+def test_a_command_loads_its_own_module_only():
+    code = ("import sys; from stager.cli import main\n"
+            "try:\n    main(['status', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('stager.cli.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded = result.stdout.strip().splitlines()[-1]
+    assert "stager.cli.status" in loaded
+    for other in ("stager.cli.replicate", "stager.cli.mount", "stager.cli.serve", "stager.cli.demo"):
+        assert other not in loaded
