@@ -34,8 +34,9 @@ from __future__ import annotations
 import errno
 import http.client
 import socket
+import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import aiohttp
 
@@ -49,12 +50,21 @@ from ..errors import (
 )
 from .base import InvalidRange
 
-try:  # botocore comes with the s3 extra only
-    import botocore.exceptions as _boto
-    from botocore.parsers import ResponseParserError as _ResponseParserError
-except ImportError:  # pragma: no cover - exercised only without the s3 extra
-    _boto = None
-    _ResponseParserError = None
+
+
+def _botocore() -> tuple[Any, Any] | None:
+    """botocore's exceptions module and ResponseParserError, if botocore is loaded.
+
+    Not imported here: a process that never loaded botocore (the S3 read path
+    does without it) cannot be holding one of its errors, and importing it
+    costs a tenth of a second of start-up.
+    """
+    if "botocore.exceptions" not in sys.modules:
+        return None
+    import botocore.exceptions
+    from botocore.parsers import ResponseParserError
+
+    return botocore.exceptions, ResponseParserError
 
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchUpload", "NoSuchVersion", "404"})
 DENIED_CODES = frozenset({
@@ -121,6 +131,8 @@ def origin_error(exc: BaseException, what: str) -> OriginError | None:
     """The stager error for ``exc``, or None if it is not a known origin failure (a bug)."""
     if isinstance(exc, StagerError):
         return exc if isinstance(exc, OriginError) else None
+    boto = _botocore()
+    _boto, _ResponseParserError = boto if boto is not None else (None, None)
     client_error = _find_cause(exc, _boto.ClientError) if _boto is not None else None
     if client_error is not None:
         return _from_client_error(client_error, what)
