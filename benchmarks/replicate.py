@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ import numpy as np
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Run, machine, table, tool
+from harness import Run, machine, table, timed, tool
 
 from stager.hashing import StreamHasher
 from stager.manifest import MANIFEST_PATH, Manifest, ShardEntry, encode_manifest
@@ -49,38 +48,6 @@ READ_FAULTS = dict(slowdown_p=0.02, error500_p=0.02, reset_p=0.02, truncate_p=0.
 WRITE_FAULTS = dict(slowdown_p=0.02, error500_p=0.02, reset_p=0.02)
 #: rclone 1.75 burns CPU without bound on PUTs with --dir-cache-time 0s (see tests/replicate/conftest.py).
 SERVER_ARGS = ("--dir-cache-time", "1ms")
-
-
-def timed(name: str, argv: list[str], env: dict[str, str] | None = None, timeout: float = 3600) -> Run:
-    """Run a command: wall seconds, CPU seconds, and peak RSS as the child's own VmHWM.
-
-    (``ru_maxrss`` from ``wait4`` would not do: Linux carries the parent's peak over
-    the ``exec``, so every child would seem to use at least what this script does.)
-    """
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        began = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, env={**os.environ, **(env or {})},
-                                stdin=subprocess.DEVNULL)
-        peak_kb = 0
-        while True:
-            try:
-                with open(f"/proc/{proc.pid}/status") as fh:
-                    for line in fh:
-                        if line.startswith("VmHWM:"):
-                            peak_kb = max(peak_kb, int(line.split()[1]))
-            except (OSError, ValueError):
-                pass
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - began > timeout:
-                proc.kill()
-            time.sleep(0.02)
-        seconds = time.monotonic() - began
-        out.seek(0)
-        err.seek(0)
-        return Run(name, seconds, usage.ru_utime + usage.ru_stime, peak_kb / 1024,
-                   os.waitstatus_to_exitcode(status), out.read(), err.read())
 
 
 def server_cpu(*servers: S3Server) -> float:
