@@ -76,28 +76,52 @@ class FsspecStore(Store):
     ) -> None:
         retry = retry or RetryConfig()
         protocol, _ = split_protocol(url)
-        protocol = protocol or "file"
-        with translated(url):
-            cls = fsspec.get_filesystem_class(protocol)
-        options = dict(storage_options or {})
-        if protocol in S3_PROTOCOLS:
-            options = s3fs_options(options, retry)
-        self._async = bool(getattr(cls, "async_impl", False))
-        if self._async:
-            options["asynchronous"] = True
-        options["skip_instance_cache"] = True
-        self.fs = cls(**options)
-        if protocol in S3_PROTOCOLS:
-            self.fs.retries = 1  # s3fs's _error_wrapper: one attempt; RetryPolicy does the rest
-        self.protocol = protocol
-        self.root = cls._strip_protocol(url).rstrip("/")
-        self._url = f"{protocol}://{self.root}"
+        self.protocol = protocol or "file"
+        self._options = dict(storage_options or {})
+        if self.protocol in S3_PROTOCOLS:
+            self._options = s3fs_options(self._options, retry)
+        self._fs: fsspec.AbstractFileSystem | None = None
+        self._async = self._filesystem_is_async()
+        self.root = self._strip_protocol(url)
+        self._url = f"{self.protocol}://{self.root}"
         self.stats = stats if stats is not None else OriginStats()
         self.retry = RetryPolicy(retry, stats=self.stats, concurrency=concurrency)
         self.bandwidth = bandwidth
         self._executor = (
             None if self._async else ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="stager-fsspec")
         )
+        self._open_filesystem()
+
+    def _filesystem_class(self) -> type:
+        with translated(self._url_hint()):
+            return fsspec.get_filesystem_class(self.protocol)
+
+    def _filesystem_is_async(self) -> bool:
+        return bool(getattr(self._filesystem_class(), "async_impl", False))
+
+    def _url_hint(self) -> str:
+        return getattr(self, "_url", self.protocol + "://")
+
+    def _strip_protocol(self, url: str) -> str:
+        return self._filesystem_class()._strip_protocol(url).rstrip("/")
+
+    def _open_filesystem(self) -> None:
+        """Make the filesystem now, so options it refuses fail when the store is opened."""
+        self.fs  # noqa: B018
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem (made on first use)."""
+        if self._fs is None:
+            options = dict(self._options)
+            if self._async:
+                options["asynchronous"] = True
+            options["skip_instance_cache"] = True
+            fs = self._filesystem_class()(**options)
+            if self.protocol in S3_PROTOCOLS:
+                fs.retries = 1  # s3fs's _error_wrapper: one attempt; RetryPolicy does the rest
+            self._fs = fs
+        return self._fs
 
     @property
     def url(self) -> str:
@@ -207,10 +231,10 @@ class FsspecStore(Store):
         return SpooledUpload(self, path, self._full(path), ledger, spool=token)
 
     async def close(self) -> None:
-        client = getattr(self.fs, "_s3", None)  # s3fs: the aiobotocore client, if one was made
+        client = getattr(self._fs, "_s3", None)  # s3fs: the aiobotocore client, if one was made
         if client is not None:
             await client.close()
-            self.fs._s3 = None
+            self._fs._s3 = None  # type: ignore[union-attr]
         if self._executor is not None:
             executor, self._executor = self._executor, None
             await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)

@@ -3,8 +3,9 @@
 Reading is what stager does most, and botocore's per-request machinery
 (endpoint rules, parsing, its streaming body) costs more CPU than the bytes
 themselves at loopback speeds. So ranged and whole-object reads are plain
-aiohttp GETs signed with botocore's own SigV4 signer (``S3SigV4Auth``),
-their bodies checked by :func:`~stager.store.range_body.read_range_body`.
+aiohttp GETs signed with :mod:`stager.store.sigv4`, their bodies checked by
+:func:`~stager.store.range_body.range_chunks` (streamed into a sink, or read
+whole).
 ``HEAD`` (:meth:`S3Store.info`) takes the same path: one request, where
 s3fs's ``info`` adds a listing to tell a missing key from a "directory".
 Writes of bytes (``PUT`` of a whole object, ``UploadPart``) take the same
@@ -22,7 +23,11 @@ storage options, ``AWS_ENDPOINT_URL``, profiles and config files all apply),
 and credentials from the storage options (``key``/``secret``/``token``) or
 else the aiobotocore session's provider chain (``AWS_*`` variables, profile,
 instance metadata; refreshed as they expire). ``anon=True`` sends unsigned
-requests.
+requests. When the endpoint and the keys are all given outright and no
+profile or AWS config file could change them (:func:`_direct_settings`), the
+signer is made from them directly, and s3fs, aiobotocore and botocore are not
+even imported until a listing, a delete or a multipart upload needs them:
+that is most of a short command's start-up time.
 """
 
 from __future__ import annotations
@@ -30,23 +35,23 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote, urlsplit
 
 import aiohttp
 import yarl
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
-from aiobotocore.session import AioSession
-from botocore.credentials import Credentials
 
 from ..config import RetryConfig
-from ..errors import AccessDenied, ShardNotFound, TransientOriginError
+from ..errors import AccessDenied, ConfigError, ShardNotFound, TransientOriginError
 from .bandwidth import BandwidthLimiter
 from .base import Check, ObjectInfo, RangeSink, Upload, run_check, validate_range
 from .fsspec_store import FsspecStore
 from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session, stream_range
 from .parts import PartLedger
+from . import sigv4
 from .range_body import range_header
 from .stats import OriginStats
 from .translate import translated
@@ -76,6 +81,7 @@ class S3Store(FsspecStore):
         stats: OriginStats | None = None,
         concurrency: int = 16,
     ) -> None:
+        self._direct = _direct_settings(storage_options or {})
         super().__init__(
             url, storage_options, retry=retry, bandwidth=bandwidth, stats=stats, concurrency=concurrency
         )
@@ -84,17 +90,42 @@ class S3Store(FsspecStore):
         self._signer: _Signer | None = None
         self._connect_lock = asyncio.Lock()
         self._models_loaded = False
-        if self.fs.session is None:
+
+    def _filesystem_class(self) -> type:
+        try:
+            from s3fs import S3FileSystem
+        except ImportError as exc:
+            raise ConfigError(f"{self._url_hint()}: S3 support needs the s3 extra (pip install 'stager[s3]')") from exc
+        return S3FileSystem
+
+    def _filesystem_is_async(self) -> bool:
+        return True
+
+    def _strip_protocol(self, url: str) -> str:
+        return url.split("://", 1)[-1].strip("/")
+
+    def _open_filesystem(self) -> None:
+        # With everything needed to sign requests at hand (see _direct_settings), s3fs and
+        # botocore are loaded only if a listing, a delete or a multipart upload needs them.
+        if self._direct is None:
+            self._session_of(self.fs)
+
+    @staticmethod
+    def _session_of(fs: Any) -> Any:
+        if fs.session is None:
             # s3fs would make this on first use; making it now lets _connect parse
             # botocore's model files in a thread rather than on the event loop.
-            self.fs.session = AioSession(**self.fs.kwargs)
+            from aiobotocore.session import AioSession
+
+            fs.session = AioSession(**fs.kwargs)
+        return fs.session
 
     async def _connect(self) -> Any:
         """The aiobotocore client, created once; its model files parsed off the event loop."""
         if not self._models_loaded:
             async with self._connect_lock:
                 if not self._models_loaded:
-                    await asyncio.to_thread(_preload_models, self.fs.session)
+                    await asyncio.to_thread(_preload_models, self._session_of(self.fs))
                     self._models_loaded = True
         with translated(self.url):
             return await self.fs.set_session()
@@ -104,6 +135,8 @@ class S3Store(FsspecStore):
         return await super()._call(method, *args, **kwargs)
 
     async def _get_signer(self) -> _Signer:
+        if self._signer is None and self._direct is not None:
+            self._signer = _Signer(*self._direct.signer_args())
         if self._signer is None:
             client = await self._connect()
             async with self._connect_lock:
@@ -182,7 +215,7 @@ class S3Store(FsspecStore):
         return await self.retry.run(attempt, what=path)
 
     def _bucket_key(self, path: str) -> tuple[str, str]:
-        bucket, key, _ = self.fs.split_path(self._full(path))
+        bucket, _, key = self._full(path).partition("/")
         return bucket, key
 
     async def write(self, path: str, data: bytes) -> None:
@@ -266,7 +299,7 @@ class S3Store(FsspecStore):
                 return
 
     def _bucket_key_of_root(self) -> tuple[str, str]:
-        bucket, key, _ = self.fs.split_path(self.root)
+        bucket, _, key = self.root.partition("/")
         return bucket, key.strip("/")
 
     async def close(self) -> None:
@@ -398,17 +431,92 @@ class _Signer:
         frozen = self.credentials.get_frozen_credentials()
         if inspect.isawaitable(frozen):
             frozen = await frozen
-        request = AWSRequest(method=method, url=url, headers=headers)
-        auth = _UnsignedPayloadAuth if unsigned_payload else S3SigV4Auth
-        auth(frozen, "s3", self.region).add_auth(request)
-        return yarl.URL(url, encoded=True), dict(request.headers.items())
+        signed = sigv4.sign_headers(
+            method, url, access_key=frozen.access_key, secret_key=frozen.secret_key, headers=headers,
+            payload_hash=sigv4.UNSIGNED_PAYLOAD if unsigned_payload else sigv4.EMPTY_SHA256,
+            session_token=frozen.token, region=self.region)
+        return yarl.URL(url, encoded=True), signed
 
 
-class _UnsignedPayloadAuth(S3SigV4Auth):
-    """SigV4 with ``x-amz-content-sha256: UNSIGNED-PAYLOAD``: the body is not hashed for the signature."""
+@dataclass(frozen=True)
+class StaticCredentials:
+    """Keys given outright (storage options or ``AWS_*`` variables); the shape of botocore's frozen credentials."""
 
-    def _should_sha256_sign_payload(self, request: AWSRequest) -> bool:
-        return False
+    access_key: str
+    secret_key: str
+    token: str | None = None
+
+    def get_frozen_credentials(self) -> StaticCredentials:
+        return self
+
+
+@dataclass(frozen=True)
+class _Direct:
+    """What signing requests needs, found without botocore (see :func:`_direct_settings`)."""
+
+    endpoint: str
+    region: str
+    credentials: StaticCredentials | None
+    virtual: bool
+    headers: Mapping[str, str]
+
+    def signer_args(self) -> tuple[str, str, StaticCredentials | None, bool, Mapping[str, str]]:
+        return self.endpoint, self.region, self.credentials, self.virtual, self.headers
+
+
+#: Storage options whose meaning :func:`_direct_settings` knows; any other one goes through botocore.
+_DIRECT_OPTIONS = frozenset({"endpoint_url", "key", "secret", "token", "anon", "client_kwargs", "config_kwargs",
+                             "requester_pays", "use_listings_cache", "skip_instance_cache"})
+_DIRECT_CLIENT_KWARGS = frozenset({"endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key",
+                                   "aws_session_token"})
+_DIRECT_CONFIG_KWARGS = frozenset({"connect_timeout", "read_timeout", "retries", "s3", "response_checksum_validation",
+                                   "request_checksum_calculation"})
+
+
+def _direct_settings(options: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> _Direct | None:
+    """Endpoint, region, keys and addressing when they are all given outright; None if botocore must find them.
+
+    Given outright means: an endpoint (``endpoint_url`` or ``AWS_ENDPOINT_URL_S3`` /
+    ``AWS_ENDPOINT_URL``), keys (``key``/``secret`` or ``AWS_ACCESS_KEY_ID`` /
+    ``AWS_SECRET_ACCESS_KEY``, or ``anon``), no profile and no AWS config file
+    (which could change the region or the addressing), and no option this
+    function does not know. The region is then ``region_name``, ``AWS_REGION``
+    or ``AWS_DEFAULT_REGION``, else us-east-1, as botocore would find it.
+    """
+    if set(options) - _DIRECT_OPTIONS or options.get("profile") or env.get("AWS_PROFILE") \
+            or env.get("AWS_DEFAULT_PROFILE"):
+        return None
+    client_kwargs = dict(options.get("client_kwargs") or {})
+    config_kwargs = dict(options.get("config_kwargs") or {})
+    s3_config = dict(config_kwargs.get("s3") or {})
+    if set(client_kwargs) - _DIRECT_CLIENT_KWARGS or set(config_kwargs) - _DIRECT_CONFIG_KWARGS \
+            or set(s3_config) - {"addressing_style"}:
+        return None
+    config_file = env.get("AWS_CONFIG_FILE") or str(Path("~/.aws/config").expanduser())
+    if Path(config_file).exists():
+        return None
+    endpoint = options.get("endpoint_url") or client_kwargs.get("endpoint_url") \
+        or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        return None
+    credentials: StaticCredentials | None = None
+    if not options.get("anon"):
+        key = options.get("key") or client_kwargs.get("aws_access_key_id")
+        secret = options.get("secret") or client_kwargs.get("aws_secret_access_key")
+        token = options.get("token") or client_kwargs.get("aws_session_token")
+        if not (key and secret):
+            key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+            token = env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN")
+        if not (key and secret):
+            return None
+        credentials = StaticCredentials(key, secret, token or None)
+    region = client_kwargs.get("region_name") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") \
+        or DEFAULT_REGION
+    style = s3_config.get("addressing_style", "auto")
+    host = urlsplit(endpoint).hostname or ""
+    virtual = style == "virtual" or (style == "auto" and host.endswith(".amazonaws.com"))
+    headers = {"x-amz-request-payer": "requester"} if options.get("requester_pays") else {}
+    return _Direct(endpoint, region, credentials, virtual, headers)
 
 
 #: The head of a PUT body sent with the request headers; the rest follows as it is.
@@ -442,7 +550,7 @@ def _timestamp(entry: Mapping[str, Any]) -> float | None:
     return float(value.timestamp()) if hasattr(value, "timestamp") else None
 
 
-def _preload_models(session: AioSession) -> None:
+def _preload_models(session: Any) -> None:
     """Parse the S3 model files into the session's loader cache (blocking: run in a thread).
 
     Creating a client parses a few MB of JSON (0.1-0.5 s of CPU); done here
@@ -468,7 +576,7 @@ async def _credentials(fs: Any) -> Any:
     secret = fs.secret or client_kwargs.get("aws_secret_access_key")
     token = fs.token or client_kwargs.get("aws_session_token")
     if key and secret:
-        return Credentials(key, secret, token)
+        return StaticCredentials(key, secret, token)
     credentials = await fs.session.get_credentials()
     if credentials is None:
         raise AccessDenied(

@@ -42,7 +42,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from . import sigv4
+from ..store import sigv4
 from .bandwidth import BandwidthLimiter
 from .fault_plan import Decision, Fault, FaultDecider, FaultEvent, FaultPlan
 from .web_thread import ThreadedWebServer, abort_with_rst

@@ -45,7 +45,7 @@ from urllib.parse import quote
 
 import psutil
 
-from . import sigv4
+from ..store import sigv4
 
 REGION = "us-east-1"
 _START_ATTEMPTS = 5

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from botocore.credentials import Credentials
@@ -11,7 +13,8 @@ from stager.config import RetryConfig, SourceConfig
 from stager.errors import AccessDenied, OriginUnavailable, ShardNotFound
 from stager.store import open_store
 from stager.store.base import InvalidRange
-from stager.store.s3_store import S3Store, _Signer
+from stager.store.s3_store import S3Store, StaticCredentials, _direct_settings, _Signer
+from stager.testing.s3server import REGION
 
 from .scripted_http import ScriptedOrigin, s3_error
 
@@ -120,3 +123,72 @@ async def test_signer_headers_carry_session_token():
     assert str(url) == "http://127.0.0.1:9000/bkt/k"
     assert headers["X-Amz-Security-Token"] == "tok"
     assert "range" in headers["Authorization"]
+
+
+# -- where the signer's settings come from ----------------------------------------------------
+
+ENV = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"}
+
+
+def test_settings_given_outright_need_no_botocore(tmp_path):
+    no_config = {"AWS_CONFIG_FILE": str(tmp_path / "absent")}
+    direct = _direct_settings({}, {**ENV, **no_config, "AWS_REGION": "eu-west-3", "AWS_SESSION_TOKEN": "T"})
+    assert direct is not None
+    assert (direct.endpoint, direct.region, direct.virtual) == ("http://127.0.0.1:9", "eu-west-3", False)
+    assert direct.credentials == StaticCredentials("AK", "SK", "T")
+    options = {**KEYS, "client_kwargs": {"endpoint_url": "https://s3.eu-west-3.amazonaws.com"}, "requester_pays": True}
+    direct = _direct_settings(options, no_config)
+    assert direct.credentials == StaticCredentials(KEYS["key"], KEYS["secret"]) and direct.virtual
+    assert direct.region == "us-east-1" and direct.headers == {"x-amz-request-payer": "requester"}
+    assert _direct_settings({"anon": True, "endpoint_url": "http://h"}, no_config).credentials is None
+
+
+@pytest.mark.parametrize("options, env", [
+    ({}, {"AWS_PROFILE": "other"}),  # a profile can name other keys, region, endpoint
+    ({"profile": "other"}, {}),
+    ({"some_s3fs_option": 1}, {}),  # an option only s3fs understands
+    ({"config_kwargs": {"signature_version": "s3"}}, {}),
+    ({}, {"AWS_ACCESS_KEY_ID": ""}),  # keys from the provider chain (files, instance metadata)
+    ({}, {"AWS_ENDPOINT_URL": ""}),  # AWS itself: botocore's endpoint rules
+])
+def test_anything_else_goes_through_botocore(tmp_path, options, env):
+    assert _direct_settings(options, {**ENV, "AWS_CONFIG_FILE": str(tmp_path / "absent"), **env}) is None
+
+
+def test_an_aws_config_file_goes_through_botocore(tmp_path):
+    config = tmp_path / "config"
+    config.write_text("[default]\nregion = eu-west-3\n")
+    assert _direct_settings({}, {**ENV, "AWS_CONFIG_FILE": str(config)}) is None
+
+
+async def test_both_ways_sign_requests_the_real_server_accepts(s3_bucket, tmp_path, monkeypatch):
+    s3_bucket.server.put_object(s3_bucket.name, "d/x.bin", DATA)
+    config = tmp_path / "config"
+    config.write_text(f"[default]\nregion = {REGION}\n")
+    for config_file, direct in ((tmp_path / "absent", True), (config, False)):
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(config_file))
+        async with open_store(SourceConfig(f"s3://{s3_bucket.name}/d", s3_bucket.storage_options()),
+                              retry=FAST_RETRY) as s:
+            assert (s._direct is not None) is direct
+            assert await s.read_range("x.bin", 10, 5000) == DATA[10:5000]
+            assert (await s.info("x.bin")).size == len(DATA)
+            await s.write("y.bin", b"written")
+            assert [o.path for o in await s.list()] == ["x.bin", "y.bin"]
+            assert await s.read("y.bin") == b"written"
+            await s.delete("y.bin")
+
+
+def test_reading_with_settings_given_outright_loads_no_botocore(s3_bucket, tmp_path):
+    s3_bucket.server.put_object(s3_bucket.name, "x.bin", DATA)
+    code = ("import asyncio, sys\n"
+            "from stager.config import SourceConfig\nfrom stager.store import open_store\n"
+            "async def main():\n"
+            f"    async with open_store(SourceConfig('s3://{s3_bucket.name}')) as s:\n"
+            "        assert await s.read_range('x.bin', 0, 100) == (await s.read('x.bin'))[:100]\n"
+            "asyncio.run(main())\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('botocore', 'aiobotocore', 's3fs')))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**env, **s3_bucket.env(), "AWS_CONFIG_FILE": str(tmp_path / "absent")})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,9 +1,11 @@
-"""AWS Signature Version 4 for the test harness, stdlib only.
+"""AWS Signature Version 4, stdlib only.
 
-The harness needs to sign S3 requests in two places where pulling in botocore
-would be heavy or impossible: creating buckets on the rclone S3 server
-(`S3Server.make_bucket`) and re-signing a request the fault proxy has changed
-(dropping the ``Range`` header to simulate an origin that ignores it).
+The S3 store signs every request it sends itself with this (botocore, when
+it is loaded at all, only supplies credentials and the endpoint), so the read
+path costs no botocore import or request machinery. The test harness uses it
+too: to create buckets on the rclone S3 server and to re-sign a request the
+fault proxy has changed (dropping the ``Range`` header to simulate an origin
+that ignores it).
 
 How it works: the canonical request is built from the method, the path exactly
 as it goes on the wire (S3 does not normalise or double-encode it), the query
@@ -112,6 +114,8 @@ def sign_headers(
     secret_key: str,
     headers: Mapping[str, str] | None = None,
     body: bytes = b"",
+    payload_hash: str | None = None,
+    session_token: str | None = None,
     region: str = "us-east-1",
     service: str = "s3",
     now: _dt.datetime | None = None,
@@ -119,7 +123,9 @@ def sign_headers(
     """Return ``headers`` plus Host, x-amz-date, x-amz-content-sha256, Authorization.
 
     The URL's path must already be percent-encoded (e.g. ``quote(key, safe="/~")``).
-    Every header passed in is signed.
+    Every header passed in is signed. ``payload_hash`` (e.g. :data:`UNSIGNED_PAYLOAD`)
+    replaces the SHA-256 of ``body``; ``session_token`` (temporary credentials)
+    goes in ``X-Amz-Security-Token``.
     """
     parts = urlsplit(url)
     now = now or _dt.datetime.now(_dt.timezone.utc)
@@ -127,7 +133,9 @@ def sign_headers(
     out = dict(headers or {})
     out.setdefault("Host", parts.netloc)
     out["x-amz-date"] = amz_date
-    out["x-amz-content-sha256"] = hashlib.sha256(body).hexdigest()
+    out["x-amz-content-sha256"] = payload_hash or (hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256)
+    if session_token:
+        out["X-Amz-Security-Token"] = session_token
     signed = sorted({k.lower() for k in out})
     scope = f"{amz_date[:8]}/{region}/{service}/aws4_request"
     sig = signature(
