@@ -54,7 +54,6 @@ from .hedging import hedged
 
 if TYPE_CHECKING:
     from ..cache import BlobLock, PartialBlob
-    from ..store import Store
     from .dataset import BlobRef
     from .engine import Engine
 
@@ -387,22 +386,13 @@ class BlobJob:
 
         try:
             async with engine.gate.slot(block.priority, owner=block):
-                data = None
-                if block.explicit and end - start >= 2 * SPLIT_PART_MIN:
-                    # A reader is blocked on this very block: its parts in parallel, the first byte sooner.
-                    data = await _read_in_parts(store, ref.path, start, end)
-                    if block_digest(data) != expected:
-                        corrupt()  # counted; the streaming path below retries within the budget
-                        data = None
-                if data is None:
-                    delay = engine.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
-                        if config.hedge else None
-                    began = time.monotonic()
-                    data, hedge_won = await hedged(stream, delay, count_hedge, make_hedge=in_memory)
-                    engine.latency.record(time.monotonic() - began, end - start)
-                    if hedge_won:
-                        engine.stats.hedges_won += 1
-                if data is not None:  # in memory (the first request, if any, has ended): write it
+                delay = engine.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
+                    if config.hedge else None
+                began = time.monotonic()
+                data, hedge_won = await hedged(stream, delay, count_hedge, make_hedge=in_memory)
+                engine.latency.record(time.monotonic() - began, end - start)
+                if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
+                    engine.stats.hedges_won += 1
                     await _finish_even_if_cancelled(
                         engine.start_in_disk_thread(partial.write_into_block, index, start, [data]))
                 await _finish_even_if_cancelled(
@@ -416,35 +406,6 @@ class BlobJob:
         engine.stats.bytes_fetched += end - start
         engine.stats.blocks_fetched += 1
         engine.on_block_fetched(ref, end - start)
-
-
-#: A block a reader waits for is read as parallel parts of at least this size (up to SPLIT_PARTS of them).
-SPLIT_PART_MIN = 1 << 20
-SPLIT_PARTS = 8
-
-
-async def _read_in_parts(store: "Store", path: str, start: int, end: int) -> bytes:
-    """``[start, end)`` of ``path`` as up to ``SPLIT_PARTS`` ranged reads at once, joined.
-
-    One large GET delivers its first byte no sooner than the rest; a reader
-    blocked on the block waits about the time of one part instead. The parts
-    are unverified on their own: the caller checks the joined block. If a part
-    fails (after the store's retries), the others are cancelled.
-    """
-    count = max(1, min(SPLIT_PARTS, (end - start) // SPLIT_PART_MIN))
-    bounds = [start + (end - start) * i // count for i in range(count + 1)]
-    tasks = [asyncio.ensure_future(store.read_range(path, a, b)) for a, b in zip(bounds, bounds[1:])]
-    try:
-        return b"".join(await asyncio.gather(*tasks))
-    finally:
-        pending = [task for task in tasks if not task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-        for task in tasks:
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved: the first failure is the one raised
 
 
 #: Bytes of a streaming block gathered before they go to the disk thread in one pwritev.
