@@ -27,7 +27,7 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 TiB = 1024 * GiB
 
-DEFAULT_BLOCK_SIZE = 8 * MiB
+DEFAULT_BLOCK_SIZE = 1 * MiB
 DEFAULT_CACHE_DIR = "~/.cache/stager"
 
 _UNITS = {
@@ -120,6 +120,7 @@ class FetchConfig:
     """How the engine fetches: concurrency, window, hedging, bandwidth."""
 
     concurrency: int = 16  # block requests in flight
+    request_bytes: int = 8 * MiB  # the most one ranged GET asks for: consecutive wanted blocks share a request
     window_bytes: int = 2 * GiB  # how far ahead of each consumer's cursor to stage
     bandwidth: int | None = None  # bytes per second, None = unlimited
     hedge: bool = True
@@ -136,6 +137,8 @@ class FetchConfig:
             raise ConfigError(f"concurrency must be in 1..4096, got {self.concurrency}")
         if self.window_bytes <= 0:
             raise ConfigError(f"window must be > 0 bytes, got {self.window_bytes}")
+        if self.request_bytes <= 0:
+            raise ConfigError(f"request size must be > 0 bytes, got {self.request_bytes}")
         if self.bandwidth is not None and self.bandwidth <= 0:
             raise ConfigError(f"bandwidth must be > 0, got {self.bandwidth}")
         if self.hedge_factor < 1:

@@ -96,7 +96,7 @@ def _side(url: str, profile: str | None, pairs: tuple[str, ...], side: str) -> S
 @click.option("--retry-deadline", type=float, default=RetryConfig().deadline, show_default=True,
               envvar="STAGER_RETRY_DEADLINE",
               help="Seconds one request may take across all its retries before a side counts as down.")
-@click.option("--block-size", type=SIZE, default=DEFAULT_BLOCK_SIZE, show_default="8MiB",
+@click.option("--block-size", type=SIZE, default=DEFAULT_BLOCK_SIZE, show_default="1MiB",
               help="Block size when the source has no manifest and is indexed on the fly (and for --watch).")
 @click.option("--dtype", type=click.Choice(TOKEN_DTYPES + ("none",)), default="none", show_default=True,
               help="When the source is indexed on the fly: the token dtype of its .bin shards (as stager index).")

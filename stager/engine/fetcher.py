@@ -54,6 +54,7 @@ from .hedging import hedged
 
 if TYPE_CHECKING:
     from ..cache import BlobLock, PartialBlob
+    from .gate import PriorityGate
     from .dataset import BlobRef
     from .engine import Engine
 
@@ -87,12 +88,11 @@ async def _finish_even_if_cancelled(awaitable: Awaitable[T]) -> T:
 class _Block:
     """One block a job fetches: its gate priority and the future its waiters share.
 
-    The future's result is the block's verified bytes when this job fetched
-    them, or None when the block was already verified on disk (readers then
-    read it from the cache).
+    The future's result is None once the block is verified and recorded
+    (readers then read it from the cache), or bytes if the job held them.
     """
 
-    __slots__ = ("index", "priority", "future", "explicit")
+    __slots__ = ("index", "priority", "future", "explicit", "span")
 
     def __init__(self, index: int, priority: float) -> None:
         self.index = index
@@ -100,6 +100,29 @@ class _Block:
         self.future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         self.future.add_done_callback(_retrieve)
         self.explicit = False  # someone waits for this very block: a whole-blob failure does not stop it
+        self.span: _Span | None = None  # the request it goes in, once there is one
+
+
+class _Span:
+    """Consecutive blocks fetched by one ranged GET, each verified and recorded as soon as it is in.
+
+    Blocks are the unit of verification, spans the unit of requests: small
+    blocks let a reader have the block it waits for sooner, while whole-blob
+    fetches still go as requests of about ``FetchConfig.request_bytes``.
+    """
+
+    __slots__ = ("blocks", "priority")
+
+    def __init__(self, blocks: list[_Block]) -> None:
+        self.blocks = blocks
+        self.priority = min(block.priority for block in blocks)
+        for block in blocks:
+            block.span = self
+
+    def boost(self, gate: "PriorityGate", priority: float) -> None:
+        if priority < self.priority:
+            self.priority = priority
+            gate.boost(self, priority)
 
 
 class BlobJob:
@@ -132,7 +155,8 @@ class BlobJob:
             block = self._blocks[index] = _Block(index, priority)
         elif priority < block.priority:
             block.priority = priority
-            self.engine.gate.boost(block, priority)
+            if block.span is not None:
+                block.span.boost(self.engine.gate, priority)
         block.explicit = True
         self._wake.set()
         return block.future
@@ -145,7 +169,8 @@ class BlobJob:
                 mine = self._block_priority(block.index)
                 if mine < block.priority:
                     block.priority = mine
-                    self.engine.gate.boost(block, mine)
+                    if block.span is not None:
+                        block.span.boost(self.engine.gate, mine)
 
     def _block_priority(self, index: int) -> float:
         return self.priority + index * 1e-6  # nearer blocks of the blob first
@@ -292,9 +317,11 @@ class BlobJob:
                     for index in partial.missing_blocks():
                         if index not in self._blocks:
                             self._blocks[index] = _Block(index, self._block_priority(index))
-                for index, block in self._blocks.items():
-                    if index not in inflight:
-                        inflight[index] = asyncio.create_task(self._fetch_block(partial, block))
+                for span in self._spans([block for index, block in sorted(self._blocks.items())
+                                         if index not in inflight]):
+                    task = asyncio.create_task(self._fetch_span(partial, span))
+                    for block in span.blocks:
+                        inflight[block.index] = task
                 if not inflight:
                     if self._whole is not None:  # every block is verified
                         path = await engine.in_disk_thread(partial.commit)
@@ -307,7 +334,7 @@ class BlobJob:
                 self._wake.clear()
                 woken = asyncio.ensure_future(self._wake.wait())
                 try:
-                    await asyncio.wait({woken, *inflight.values()}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait({woken, *set(inflight.values())}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     woken.cancel()
                 for index, task in list(inflight.items()):
@@ -315,10 +342,30 @@ class BlobJob:
                         del inflight[index]
                         self._block_done(index, task, inflight)
         finally:
-            for task in inflight.values():
+            tasks = set(inflight.values())
+            for task in tasks:
                 task.cancel()
-            if inflight:
-                await asyncio.gather(*inflight.values(), return_exceptions=True)
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spans(self, blocks: list[_Block]) -> list[_Span]:
+        """``blocks`` (in index order) as requests: runs of consecutive blocks up to ``request_bytes``.
+
+        A block someone waits for alone starts a span of its own, so its
+        request is as short as can be and its reader is served first.
+        """
+        spans: list[_Span] = []
+        run: list[_Block] = []
+        block_size = self.ref.block_size
+        for block in blocks:
+            if run and (block.index != run[-1].index + 1 or block.explicit or run[-1].explicit
+                        or (len(run) + 1) * block_size > self.engine.config.request_bytes):
+                spans.append(_Span(run))
+                run = []
+            run.append(block)
+        if run:
+            spans.append(_Span(run))
+        return spans
 
     def _block_done(self, index: int, task: asyncio.Task[None], inflight: dict[int, asyncio.Task[None]]) -> None:
         block = self._blocks.pop(index, None)
@@ -357,26 +404,38 @@ class BlobJob:
             return False
         return True
 
-    async def _fetch_block(self, partial: "PartialBlob", block: _Block) -> None:
+    async def _fetch_span(self, partial: "PartialBlob", span: _Span) -> None:
         engine, ref = self.engine, self.ref
-        index = block.index
-        start, end = block_range(index, ref.size, ref.block_size)
-        expected = ref.blocks[index]
+        indexes = [block.index for block in span.blocks]
+        start = block_range(indexes[0], ref.size, ref.block_size)[0]
+        end = block_range(indexes[-1], ref.size, ref.block_size)[1]
         store = ref.dataset.store
         config = engine.config
 
-        def corrupt() -> CorruptData:
+        def corrupt(index: int) -> CorruptData:
             engine.stats.verify_failures += 1
-            return CorruptData(f"{ref.dataset.name}/{ref.path}: block {index} (bytes {start}-{end}) "
+            first, last = block_range(index, ref.size, ref.block_size)
+            return CorruptData(f"{ref.dataset.name}/{ref.path}: block {index} (bytes {first}-{last}) "
                                "does not match the manifest digest")
 
+        def verified(index: int, nbytes: int) -> None:  # recorded: its waiters may read it from the cache
+            block = self._blocks.get(index)
+            if block is not None and not block.future.done():
+                block.future.set_result(None)
+            engine.stats.bytes_fetched += nbytes
+            engine.stats.blocks_fetched += 1
+            engine.on_block_fetched(ref, nbytes)
+
         def stream() -> Awaitable[None]:  # into the partial file as the bytes arrive, hashed on the way
-            return store.read_range_into(ref.path, start, end,
-                                         lambda: _BlockWriter(engine, partial, index, start, expected, corrupt))
+            return store.read_range_into(ref.path, start, end, lambda: _SpanWriter(
+                engine, partial, ref, indexes[0], indexes[-1], corrupt, verified))
 
         def check(data: bytes) -> None:
-            if block_digest(data) != expected:
-                raise corrupt()
+            view = memoryview(data)
+            for index in indexes:
+                first, last = block_range(index, ref.size, ref.block_size)
+                if block_digest(view[first - start:last - start]) != ref.blocks[index]:
+                    raise corrupt(index)
 
         def in_memory() -> Awaitable[bytes]:  # the hedge: must not write where the first request writes
             return store.read_range(ref.path, start, end, check=check)
@@ -385,7 +444,7 @@ class BlobJob:
             engine.stats.hedged_requests += 1
 
         try:
-            async with engine.gate.slot(block.priority, owner=block):
+            async with engine.gate.slot(span.priority, owner=span):
                 delay = engine.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
                     if config.hedge else None
                 began = time.monotonic()
@@ -393,20 +452,21 @@ class BlobJob:
                 engine.latency.record(time.monotonic() - began, end - start)
                 if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
                     engine.stats.hedges_won += 1
-                    await _finish_even_if_cancelled(
-                        engine.start_in_disk_thread(partial.write_into_block, index, start, [data]))
-                await _finish_even_if_cancelled(
-                    engine.start_in_disk_thread(partial.mark_verified, index, durable=config.durable))
-        except Exception as exc:  # cancellation is settled by the job (the block may be wanted again)
-            if not block.future.done():
-                block.future.set_exception(exc)
+                    view = memoryview(data)
+                    for index in indexes:
+                        if index in partial.verified:
+                            continue
+                        first, last = block_range(index, ref.size, ref.block_size)
+                        await _finish_even_if_cancelled(engine.start_in_disk_thread(
+                            partial.write_into_block, index, first, [view[first - start:last - start]]))
+                        await _finish_even_if_cancelled(engine.start_in_disk_thread(
+                            partial.mark_verified, index, durable=config.durable))
+                        verified(index, last - first)
+        except Exception as exc:  # cancellation is settled by the job (the blocks may be wanted again)
+            for block in span.blocks:
+                if not block.future.done():
+                    block.future.set_exception(exc)
             raise
-        if not block.future.done():
-            block.future.set_result(data)  # verified and recorded; None: readers read it from the cache
-        engine.stats.bytes_fetched += end - start
-        engine.stats.blocks_fetched += 1
-        engine.on_block_fetched(ref, end - start)
-
 
 #: Bytes of a streaming block gathered before they go to the disk thread in one pwritev.
 WRITE_BATCH = 1 << 20
@@ -414,60 +474,107 @@ WRITE_BATCH = 1 << 20
 WRITES_IN_FLIGHT = 2
 
 
-class _BlockWriter(RangeSink):
-    """One attempt at one block: written into the partial file as it arrives, hashed on the way.
+class _SpanWriter(RangeSink):
+    """One attempt at a span: written into the partial file as it arrives, each block hashed on the way.
 
-    The bytes count for nothing until the attempt closes with the right digest
-    and the caller marks the block verified. Memory held is about
-    ``WRITE_BATCH * (WRITES_IN_FLIGHT + 1)`` whatever the block size. Every
-    write this attempt started has ended by the time :meth:`close` or
-    :meth:`abort` returns, so a retry or a hedge never races an old write.
+    At the end of each block its digest is checked (a mismatch fails the
+    attempt, to be retried) and, once its writes are on disk, it is recorded
+    as verified and its waiters served, while the rest of the span streams on.
+    Blocks already verified (by an earlier attempt) are neither hashed nor
+    written again. Memory held is about ``WRITE_BATCH * (WRITES_IN_FLIGHT + 1)``
+    whatever the span's size. Every write and record this attempt started has
+    ended by the time :meth:`close` or :meth:`abort` returns, so a retry or a
+    hedge never races an old write.
     """
 
-    def __init__(self, engine: "Engine", partial: "PartialBlob", index: int, offset: int, expected: int,
-                 corrupt: Callable[[], CorruptData]) -> None:
+    def __init__(self, engine: "Engine", partial: "PartialBlob", ref: "BlobRef", first: int, last: int,
+                 corrupt: Callable[[int], CorruptData], verified: Callable[[int, int], None]) -> None:
         self._engine = engine
         self._partial = partial
-        self._index = index
-        self._offset = offset
-        self._expected = expected
+        self._ref = ref
+        self._last = last
         self._corrupt = corrupt
-        self._hasher = xxhash.xxh3_64()
-        self._batch: list[bytes] = []
+        self._verified = verified
+        self._durable = engine.config.durable
+        self._writes: deque[asyncio.Future[None]] = deque()  # every write in flight, oldest first
+        self._finishing: list[asyncio.Future[None]] = []  # blocks being recorded
+        self._batch: list[memoryview] = []
         self._batch_bytes = 0
-        self._writes: deque[asyncio.Future[None]] = deque()
+        self._start_block(first)
+
+    def _start_block(self, index: int) -> None:
+        self._index = index
+        self._block_start, self._block_end = block_range(index, self._ref.size, self._ref.block_size)
+        self._offset = self._block_start  # where the next byte goes
+        self._batch_at = self._block_start
+        self._skip = index in self._partial.verified
+        self._hasher = xxhash.xxh3_64()
+        self._block_writes: list[asyncio.Future[None]] = []
 
     async def write(self, chunk: bytes) -> None:
-        self._hasher.update(chunk)
-        self._batch.append(chunk)
-        self._batch_bytes += len(chunk)
-        if self._batch_bytes >= WRITE_BATCH:
-            self._send_batch()
+        view = memoryview(chunk)
+        while len(view):
+            if self._index > self._last:
+                raise CorruptData(f"{self._ref.path}: a body longer than its range")
+            take = min(len(view), self._block_end - self._offset)
+            if not self._skip:
+                piece = view[:take]
+                self._hasher.update(piece)
+                self._batch.append(piece)
+                self._batch_bytes += take
+            self._offset += take
+            view = view[take:]
+            if self._offset == self._block_end:
+                self._end_block()
+            elif self._batch_bytes >= WRITE_BATCH:
+                self._send_batch()
             while len(self._writes) > WRITES_IN_FLIGHT:
-                await asyncio.shield(self._writes[0])  # its error (disk full) ends the attempt
-                self._writes.popleft()
+                if self._writes[0].done():
+                    self._writes.popleft().result()  # its error (disk full) ends the attempt
+                else:
+                    await asyncio.shield(self._writes[0])
 
     def _send_batch(self) -> None:
         if self._batch:
-            self._writes.append(self._engine.start_in_disk_thread(
-                self._partial.write_into_block, self._index, self._offset, self._batch))
-            self._offset += self._batch_bytes
+            write = self._engine.start_in_disk_thread(
+                self._partial.write_into_block, self._index, self._batch_at, self._batch)
+            self._writes.append(write)
+            self._block_writes.append(write)
+            self._batch_at += self._batch_bytes
             self._batch = []
             self._batch_bytes = 0
 
+    def _end_block(self) -> None:
+        index = self._index
+        if not self._skip:
+            self._send_batch()
+            if self._hasher.intdigest() != self._ref.blocks[index]:
+                raise self._corrupt(index)
+            self._finishing.append(asyncio.ensure_future(
+                self._record(index, self._block_writes, self._block_end - self._block_start)))
+        if index < self._last:
+            self._start_block(index + 1)
+        else:
+            self._index = index + 1
+
+    async def _record(self, index: int, writes: list[asyncio.Future[None]], nbytes: int) -> None:
+        for write in writes:
+            await asyncio.shield(write)
+        await _finish_even_if_cancelled(
+            self._engine.start_in_disk_thread(self._partial.mark_verified, index, durable=self._durable))
+        self._verified(index, nbytes)
+
     async def close(self) -> None:
-        self._send_batch()
-        while self._writes:
-            await asyncio.shield(self._writes[0])
-            self._writes.popleft()
-        if self._hasher.intdigest() != self._expected:
-            raise self._corrupt()
+        if self._index <= self._last:
+            raise CorruptData(f"{self._ref.path}: the body ended inside block {self._index}")
+        for future in [*self._writes, *self._finishing]:
+            await asyncio.shield(future)
 
     async def abort(self) -> None:
         self._batch = []
-        writes = list(self._writes)
-        self._writes.clear()
-        if writes:
-            await asyncio.wait(writes)  # threads cannot be stopped: let them end
-            for write in writes:
-                write.exception()  # retrieved: the attempt's own error is what counts
+        pending = [*self._writes, *self._finishing]
+        if pending:
+            await asyncio.wait(pending)  # threads cannot be stopped: let them end
+            for future in pending:
+                if not future.cancelled():
+                    future.exception()  # retrieved: the attempt's own error is what counts

@@ -108,14 +108,14 @@ async def test_an_urgent_block_overtakes_queued_whole_blob_fetches(http_origin, 
     make_corpus(root, shards=4)
     proxy = fault_proxy(http_origin, FaultPlan(latency_s=0.03))
     with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
-        async with Engine(cache, fetch_config(concurrency=1)) as engine:
+        async with Engine(cache, fetch_config(concurrency=1, request_bytes=BLOCK)) as engine:
             dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
             whole = [asyncio.ensure_future(engine.ensure(dataset.ref(i), priority=float(i))) for i in range(3)]
             await asyncio.sleep(0.05)  # the whole-blob jobs have queued their blocks
             last = len(dataset.ref(2).blocks) - 1
             urgent = [engine.read_block(dataset.ref(3), 0), engine.read_block(dataset.ref(2), last)]
             data = await asyncio.wait_for(asyncio.gather(*urgent), 10)
-            # about 17 queued blocks at 30 ms each are still ahead, one at a time
+            # about 17 queued one-block requests at 30 ms each are still ahead, one at a time
             assert sum(not w.done() for w in whole) >= 2
             assert data == [origin_block(root, dataset.ref(3).path, 0), origin_block(root, dataset.ref(2).path, last)]
             await asyncio.wait_for(asyncio.gather(*whole), 30)
@@ -250,3 +250,34 @@ async def test_a_blob_removed_under_its_job_fails_that_fetch_and_the_next_one_be
             proxy.update(latency_s=0.0)
             path = await asyncio.wait_for(engine.ensure(ref), 20)
             assert path.read_bytes() == (root / ref.path).read_bytes()
+
+
+async def test_the_blocks_of_one_request_are_served_as_each_arrives_and_a_bad_one_is_fetched_again(
+        http_origin, fault_proxy, tmp_path):
+    """A whole blob goes as one request of many blocks; its first block reaches a waiting reader long before
+    the last byte, and a block that arrives corrupt fails the attempt without losing the blocks before it."""
+    root = http_origin.root / "corpus"
+    manifest = make_corpus(root, shards=1, tokens=400_000)  # 800 KB: 13 blocks of 64 KiB
+    blocks = len(manifest.block_digests(0))
+    proxy = fault_proxy(http_origin, FaultPlan(bandwidth_bps=1_000_000))  # about 0.8 s for the blob
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(request_bytes=16 * BLOCK)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            ref = dataset.ref(0)
+            whole = asyncio.ensure_future(engine.ensure(ref))
+            await asyncio.sleep(0.05)  # its one request is on its way
+            first = await asyncio.wait_for(engine.read_block(ref, 1), 10)
+            assert first == origin_block(root, ref.path, 1)
+            assert not whole.done()  # served from the request in flight, before its end
+            assert cache.record(ref.digest).state is BlobState.PARTIAL
+            await asyncio.wait_for(whole, 20)
+            assert proxy.requests == 1 + 1  # the manifest, then one GET for all the blocks
+    # Again, with a flipped byte in one attempt: the blocks before it stay verified, the retry skips them.
+    with CacheTier(CacheConfig(tmp_path / "cache2", capacity=64 << 20)) as cache:
+        proxy.update(bandwidth_bps=None, flip_p=1.0, max_faults=1, path_contains="shard-")
+        async with Engine(cache, fetch_config(request_bytes=16 * BLOCK)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            path = await asyncio.wait_for(engine.ensure(dataset.ref(0)), 20)
+            assert path.read_bytes() == (root / ref.path).read_bytes()
+            assert engine.stats.verify_failures == 1
+            assert engine.stats.blocks_fetched == blocks  # each block recorded once, whichever attempt brought it

@@ -19,7 +19,8 @@ FAST_RETRY = RetryConfig(attempts=50, backoff_base=0.01, backoff_max=0.1, deadli
 
 
 def fetch_config(**kw) -> FetchConfig:
-    return FetchConfig(**{"concurrency": 8, "retry": FAST_RETRY, "durable": False, **kw})
+    # Requests of two blocks: blobs take several, and each request spans a block boundary.
+    return FetchConfig(**{"concurrency": 8, "retry": FAST_RETRY, "durable": False, "request_bytes": 2 * BLOCK, **kw})
 
 
 async def stage_all(engine: Engine, source: SourceConfig):
@@ -55,7 +56,7 @@ async def test_every_fault_kind_is_survived_and_nothing_corrupt_is_committed(kin
 
 
 async def test_all_faults_at_once_through_http_origin(http_origin, fault_proxy, tmp_path):
-    manifest = make_corpus(http_origin.root / "corpus", shards=8)
+    manifest = make_corpus(http_origin.root / "corpus", shards=16)
     plan = FaultPlan(latency_s=0.001, slowdown_p=0.08, error500_p=0.06, reset_p=0.06, truncate_p=0.06,
                      flip_p=0.08, ignore_range_p=0.04, spike_p=0.03, spike_s=0.2)
     proxy = fault_proxy(http_origin, plan, seed=3)
@@ -144,7 +145,7 @@ async def test_dataset_four_times_the_cache_streams_through_it(http_origin, faul
 async def test_a_straggling_request_is_hedged(http_origin, fault_proxy, tmp_path):
     make_corpus(http_origin.root / "corpus", shards=12, tokens=70_000)
     proxy = fault_proxy(http_origin, FaultPlan(spike_p=0.0, spike_s=3.0), seed=1)
-    config = fetch_config(concurrency=4, hedge_min_delay=0.05)
+    config = fetch_config(concurrency=4, hedge_min_delay=0.05, request_bytes=BLOCK)  # enough requests to learn from
     with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
         async with Engine(cache, config) as engine:
             dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
