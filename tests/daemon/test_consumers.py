@@ -76,7 +76,8 @@ def test_four_consumers_with_overlapping_plans_fetch_each_blob_once(node):
     union = sorted({i for order in orders for i in order})
     gets = _shard_gets(node.proxy, node.corpus)
     blocks = {m.paths[i]: len(m.block_digests(i)) for i in union}
-    assert dict(gets) == blocks, "each block of each blob is requested from the origin exactly once"
+    # Requests may span several blocks; none is asked twice (the byte count below says so).
+    assert set(gets) == set(blocks) and all(gets[p] <= blocks[p] for p in blocks), gets
     shard_bytes = sum(int(m.sizes[i]) for i in union)
     # The manifest is read by the daemon and by each of the 4 consumers; every shard byte crosses once.
     assert node.proxy.stats().bytes_down == shard_bytes + 5 * node.corpus.manifest_size

@@ -37,10 +37,11 @@ async def scrape(node) -> dict:
 
 async def test_metrics_count_what_happened(node):
     retry = RetryConfig(attempts=12, backoff_base=0.01, backoff_max=0.05, deadline=20.0, request_timeout=5.0)
-    daemon = await node.start(fetch=FetchConfig(concurrency=4, hedge=False, retry=retry),
+    m = node.corpus.manifest
+    # One request per block: enough requests for every fault asked for, and one clean answer per block.
+    daemon = await node.start(fetch=FetchConfig(concurrency=4, hedge=False, retry=retry, request_bytes=m.block_size),
                               metrics_address="127.0.0.1:0")
     node.proxy.update(slowdown_p=0.25, flip_p=0.25, max_faults=8, path_regex=r"shard-")
-    m = node.corpus.manifest
     blocks = sum(len(m.block_digests(i)) for i in range(len(m)))
     session = node.session()
     dataset = await session.open_dataset(SourceConfig(node.proxy.url))
