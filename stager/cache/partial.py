@@ -127,6 +127,12 @@ class PartialBlob:
         except OSError as exc:
             raise os_error(exc, f"writing block {index} of blob {self.digest} in {self._tier.directory}") from exc
 
+    def write_verified(self, index: int, offset: int, buffers: Sequence[bytes | bytearray | memoryview], *,
+                       durable: bool = True) -> None:
+        """:meth:`write_into_block` then :meth:`mark_verified`: the last bytes of a block the caller verified."""
+        self.write_into_block(index, offset, buffers)
+        self.mark_verified(index, durable=durable)
+
     def mark_verified(self, index: int, *, durable: bool = True) -> None:
         """Record block ``index``, whose bytes the caller wrote and verified, as verified.
 

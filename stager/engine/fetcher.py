@@ -547,11 +547,19 @@ class _SpanWriter(RangeSink):
     def _end_block(self) -> None:
         index = self._index
         if not self._skip:
-            self._send_batch()
             if self._hasher.intdigest() != self._ref.blocks[index]:
                 raise self._corrupt(index)
-            self._finishing.append(asyncio.ensure_future(
-                self._record(index, self._block_writes, self._block_end - self._block_start)))
+            nbytes = self._block_end - self._block_start
+            if not self._block_writes:  # the whole block in one batch: write and record it in one go
+                done = self._engine.start_in_disk_thread(
+                    self._partial.write_verified, index, self._batch_at, self._batch, durable=self._durable)
+                done.add_done_callback(lambda f: f.cancelled() or f.exception() or self._verified(index, nbytes))
+                self._writes.append(done)
+                self._batch = []
+                self._batch_bytes = 0
+            else:
+                self._send_batch()
+                self._finishing.append(asyncio.ensure_future(self._record(index, self._block_writes, nbytes)))
         if index < self._last:
             self._start_block(index + 1)
         else:
