@@ -6,7 +6,7 @@ digest, so a block can be verified on its own as it streams in, out of order
 and in parallel with other blocks. :class:`StreamHasher` computes both from one
 pass over the bytes, so indexing reads every byte once.
 
-xxh3 runs at tens of GB/s here; hashing an 8 MiB block costs well under a
+xxh3 runs at tens of GB/s here; hashing a 1 MiB block costs well under a
 millisecond, which is why callers may hash on the event loop.
 """
 
