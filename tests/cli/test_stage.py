@@ -8,9 +8,9 @@ import signal
 import time
 
 from stager.cache import BlobState, CacheTier
-from stager.config import CacheConfig
+from stager.config import CacheConfig, FetchConfig
 from stager.manifest import MANIFEST_PATH
-from tests.engine.corpus import BLOCK, assert_cache_matches, make_corpus
+from tests.engine.corpus import assert_cache_matches, make_corpus
 from stager.testing.fault_plan import FaultPlan
 
 from .runner import assert_one_line_error, run, start
@@ -60,7 +60,9 @@ def test_sigkill_at_random_points_then_restart_completes_without_refetching(http
     with CacheTier(CacheConfig(tmp_path / "cache", capacity=200 << 20)) as cache:
         assert_cache_matches(cache, manifest, http_origin.root / "corpus")
     refetched = shard_bytes_served(http_origin) - manifest.total_bytes
-    in_flight_bound = kills * CONCURRENCY * BLOCK
+    # In flight at a kill: at most CONCURRENCY requests, each of up to request_bytes (here a whole shard).
+    request = min(FetchConfig().request_bytes, int(manifest.sizes.max()))
+    in_flight_bound = kills * CONCURRENCY * request
     assert 0 <= refetched <= in_flight_bound, (refetched, in_flight_bound)
 
 
