@@ -19,19 +19,24 @@ job that only served single blocks keeps the lock for ``IDLE_RELEASE``
 seconds after its last want (the next read of the blob is likely near), then
 closes the partial file and releases the lock so other processes can proceed.
 
-Blocks are fetched in parallel as ranged reads through the engine's priority
-gate. Each streams into its place in the partial file as it arrives (batched
-``pwritev`` on the disk threads, a few batches in flight per block, so memory
-stays small whatever the block size), hashed on the way; only when the whole
-block matches the manifest is it recorded as verified. A corrupted or short
-body is retried inside the store's retry loop and its bytes count for nothing
-(the next attempt writes over them once the old writes have ended). A block
-that straggles is raced by a hedged request that keeps its bytes in memory;
-if the hedge wins, the first request is cancelled and its writes settled
-before the hedge's bytes are written. Blocks a previous run already verified
-are not fetched again. When every block is verified and the whole blob is wanted, the partial
-file is committed by rename. A disk write in progress is always let finish
-before the partial file's handle is closed, even when the job is cancelled.
+Blocks are the unit of verification; requests are ranged GETs of runs of
+consecutive wanted blocks (up to ``FetchConfig.request_bytes``; a block a
+reader waits for alone gets a request of its own), fetched in parallel
+through the engine's priority gate. A request's body streams into its place
+in the partial file as it arrives (batched ``pwritev`` on the disk threads, a
+few batches in flight, so memory stays small whatever the sizes), each block
+hashed on the way and checked at its end: a block that matches the manifest
+is recorded as verified at once and its waiters served while the rest of the
+request arrives; one that does not fails the attempt, which the store's retry
+loop repeats (blocks recorded before it are kept and not written again; the
+bytes of the failed attempt count for nothing and are written over once its
+writes have ended). A request that straggles is raced by a hedged request that
+keeps its bytes in memory; if the hedge wins, the first request is cancelled
+and its writes settled before the hedge's bytes are written. Blocks a previous
+run already verified are not fetched again. When every block is verified and
+the whole blob is wanted, the partial file is committed by rename. A disk write
+in progress is always let finish before the partial file's handle is closed,
+even when the job is cancelled.
 """
 
 from __future__ import annotations
