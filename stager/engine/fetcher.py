@@ -473,9 +473,9 @@ class BlobJob:
                     block.future.set_exception(exc)
             raise
 
-#: Bytes of a streaming block gathered before they go to the disk thread in one pwritev.
+#: Bytes of a streaming request gathered (within one block) before they go to a disk thread in one pwritev.
 WRITE_BATCH = 1 << 20
-#: Batches of one block on their way to the disk at once; the next chunk waits for room.
+#: Batches of one request on their way to the disk at once; the next chunk waits for room.
 WRITES_IN_FLIGHT = 2
 
 
