@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import weakref
 from pathlib import Path
@@ -37,7 +36,6 @@ from ..cache.layout import CacheLayout
 from ..config import DEFAULT_CACHE_DIR, CacheConfig, FetchConfig, SourceConfig
 from ..errors import CacheError, CacheFull, ConfigError, OriginError, StagerError
 from ..manifest import Manifest
-from .ahead import made_ahead
 from .deal import Layout, Remainder, Slice
 from .order import EpochOrder, OrderSpec
 from .readers import reader_for
@@ -78,8 +76,6 @@ class TokenIterator:
         token_column: the list column of Parquet shards.
         prefetch_bytes: how far ahead of the cursor to stage (default: the fetch window, at
             least two shuffle windows; the engine caps it at half the cache).
-        ahead: with ``batches``, how many batches to make ahead on a thread while the caller
-            computes (0: each is made in ``next()``); the state still counts only batches handed over.
         log_every: seconds between progress log lines (0: never).
         session: "auto" (the node daemon when one serves ``cache_dir``, else an engine in this
             process), "daemon" or "embedded".
@@ -115,7 +111,6 @@ class TokenIterator:
         dtype: Any = None,
         token_column: str = "tokens",
         prefetch_bytes: int | None = None,
-        ahead: int = 2,
         log_every: float = 60.0,
         session: str = "auto",
         socket: str | os.PathLike[str] | None = None,
@@ -140,9 +135,6 @@ class TokenIterator:
         if prefetch_bytes is not None and prefetch_bytes <= 0:
             raise ConfigError(f"prefetch_bytes must be > 0, got {prefetch_bytes}")
         self.prefetch_bytes = prefetch_bytes
-        if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
-            raise ConfigError(f"ahead must be a non-negative integer, got {ahead!r}")
-        self.ahead = ahead
         self.log_every = float(log_every)
         if session not in ("auto", "daemon", "embedded"):
             raise ConfigError(f"session must be auto, daemon or embedded, got {session!r}")
@@ -156,7 +148,6 @@ class TokenIterator:
         self._remainder: Remainder | None = None  # None: the whole epoch, not started
         self._done = 0  # samples of this consumer's slice already yielded
         self._generation = 0
-        self._ahead_stop: threading.Event | None = None  # stops the current stream's batch thread
         self._orders: dict[int, EpochOrder] = {}
         self._link: StagingLink | None = None
         self._finalizer: weakref.finalize | None = None
@@ -177,7 +168,7 @@ class TokenIterator:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         if epoch != self._epoch:
             self._epoch, self._remainder, self._done = epoch, None, 0
-            self._supersede()
+            self._generation += 1
 
     def _order(self, epoch: int) -> EpochOrder:
         order = self._orders.get(epoch)
@@ -199,15 +190,8 @@ class TokenIterator:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         """The rest of the current epoch; when it is exhausted, the iterator moves to the next epoch."""
-        self._supersede()
-        return self._stream(self._generation)
-
-    def _supersede(self) -> None:
-        """A new stream (or state, or epoch) replaces the current one, which stops making batches ahead."""
         self._generation += 1
-        if self._ahead_stop is not None:
-            self._ahead_stop.set()
-            self._ahead_stop = None
+        return self._stream(self._generation)
 
     def _stream(self, generation: int) -> Iterator[np.ndarray]:
         epoch = self._epoch
@@ -217,20 +201,7 @@ class TokenIterator:
         link = self._staging()
         plan = self._start_plan(link, order, piece, self._done)
         try:
-            if not self.batches:
-                yield from self._samples(generation, link, order, piece, plan)
-            else:
-                made = self._batches(generation, link, order, piece, plan)
-                stop = None
-                if self.ahead:
-                    stop = self._ahead_stop = threading.Event()
-                    made = made_ahead(made, self.ahead, name="stager-batches", stop=stop)
-                for out in made:
-                    self._done += len(out)  # counted as handed over: the state is what the caller has
-                    yield out
-                if stop is not None and stop.is_set() and self._done < len(piece):
-                    self._check(generation)  # superseded: says so
-                    raise StagerError("this token stream was closed (TokenIterator.close()); iterate a new one")
+            yield from (self._batches if self.batches else self._samples)(generation, link, order, piece, plan)
         finally:
             if generation == self._generation:
                 self._cursor = None
@@ -259,7 +230,6 @@ class TokenIterator:
 
     def _batches(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
                  plan: tuple[np.ndarray, np.ndarray]) -> Iterator[np.ndarray]:
-        """The batches from ``self._done`` on; the caller counts them (they may be made on a thread, ahead)."""
         n, size = self.sample_spec.sample_len, self.layout.batch
         arrays: dict[int, np.ndarray] = {}
         window = -1
@@ -273,10 +243,12 @@ class TokenIterator:
                 out[row] = arrays[shard][offset:offset + n]
                 row += 1
                 if row == size:
+                    self._done += size
                     yield out
                     out = np.empty((size, n), dtype=self.out_dtype)
                     row = 0
         if row:
+            self._done += row
             yield out[:row]
 
     def _check(self, generation: int) -> None:
@@ -419,7 +391,7 @@ class TokenIterator:
         state.check(self.index.fingerprint, o.seed, o.shuffle, o.shuffle_window)
         remainder, done = state.resume(self.layout)
         self._epoch, self._remainder, self._done = state.epoch, remainder, done
-        self._supersede()
+        self._generation += 1
 
     # -- stats and lifetime ---------------------------------------------------------------------
 
@@ -446,8 +418,6 @@ class TokenIterator:
 
     def close(self) -> None:
         """Stop staging for this iterator (the cache keeps what was staged). Idempotent."""
-        if self._ahead_stop is not None:
-            self._ahead_stop.set()
         if self._finalizer is not None:
             self._finalizer()
         self._link = None
@@ -460,5 +430,5 @@ class TokenIterator:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_link=None, _finalizer=None, _cursor=None, _ahead_stop=None)  # a copy stages on its own
+        state.update(_link=None, _finalizer=None, _cursor=None)  # a copy stages through its own session
         return state
