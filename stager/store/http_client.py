@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import re
-from typing import Callable, Mapping
+from typing import AsyncIterator, Callable, Mapping
 
 import aiohttp
 import yarl
@@ -65,6 +65,17 @@ async def error_from_response(resp: aiohttp.ClientResponse, what: str) -> Origin
     )
 
 
+@contextlib.asynccontextmanager
+async def _good_answer(session: aiohttp.ClientSession, url: yarl.URL, headers: Mapping[str, str] | None,
+                       what: str) -> AsyncIterator[aiohttp.ClientResponse]:
+    """One GET whose answer is 2xx (else its stager error is raised); errors translated."""
+    with translated(what):
+        async with session.get(url, headers=headers) as resp:
+            if resp.status >= 300:
+                raise await error_from_response(resp, what)
+            yield resp
+
+
 async def fetch_range(
     session: aiohttp.ClientSession,
     url: yarl.URL,
@@ -75,11 +86,8 @@ async def fetch_range(
     stats: OriginStats,
 ) -> bytes:
     """One GET of ``[start, end)`` (``headers`` must carry the Range); errors translated."""
-    with translated(what):
-        async with session.get(url, headers=headers) as resp:
-            if resp.status >= 300:
-                raise await error_from_response(resp, what)
-            return await read_range_body(resp, start, end, what, stats)
+    async with _good_answer(session, url, headers, what) as resp:
+        return await read_range_body(resp, start, end, what, stats)
 
 
 async def stream_range(
@@ -97,23 +105,17 @@ async def stream_range(
     The sink is opened once the answer's status is known good, and aborted if
     the body turns out wrong (see :func:`~stager.store.range_body.range_chunks`).
     """
-    with translated(what):
-        async with session.get(url, headers=headers) as resp:
-            if resp.status >= 300:
-                raise await error_from_response(resp, what)
-            async with contextlib.aclosing(range_chunks(resp, start, end, what, stats)) as chunks:
-                await feed_sink(sink(), chunks)
+    async with _good_answer(session, url, headers, what) as resp:
+        async with contextlib.aclosing(range_chunks(resp, start, end, what, stats)) as chunks:
+            await feed_sink(sink(), chunks)
 
 
 async def fetch_all(
     session: aiohttp.ClientSession, url: yarl.URL, headers: Mapping[str, str] | None, what: str, stats: OriginStats
 ) -> bytes:
     """One GET of a whole object, its length checked against Content-Length; errors translated."""
-    with translated(what):
-        async with session.get(url, headers=headers) as resp:
-            if resp.status >= 300:
-                raise await error_from_response(resp, what)
-            data = await read_body(resp)
+    async with _good_answer(session, url, headers, what) as resp:
+        data = await read_body(resp)
     stats.bytes_read += len(data)
     if resp.content_length is not None and len(data) != resp.content_length:
         raise TransientOriginError(f"{what}: body has {len(data)} bytes, expected {resp.content_length}")
