@@ -15,9 +15,6 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
-import aiohttp
-import yarl
-
 from ..config import RetryConfig
 from ..errors import ConfigError, TransientOriginError
 from .bandwidth import BandwidthLimiter
@@ -28,6 +25,7 @@ from .range_body import parse_content_range, range_header
 from .retry import RetryPolicy
 from .stats import OriginStats
 from .translate import translated
+from .wire import WireSession
 
 #: Storage options an HTTP store understands.
 HTTP_OPTIONS = frozenset({"headers"})
@@ -59,7 +57,7 @@ class HttpStore(Store):
         self._base = url.rstrip("/")
         self._headers = dict(options.get("headers") or {})
         self._concurrency = concurrency
-        self._session: aiohttp.ClientSession | None = None
+        self._session: WireSession | None = None
         self.stats = stats if stats is not None else OriginStats()
         self.retry = RetryPolicy(retry, stats=self.stats, concurrency=concurrency)
         self.bandwidth = bandwidth
@@ -69,13 +67,13 @@ class HttpStore(Store):
         return self._base
 
     @property
-    def session(self) -> aiohttp.ClientSession:
+    def session(self) -> WireSession:
         if self._session is None:
             self._session = new_session(self._concurrency, self._headers)
         return self._session
 
-    def _object_url(self, path: str) -> yarl.URL:
-        return yarl.URL(f"{self._base}/{quote(validate_path(path), safe='/')}", encoded=True)
+    def _object_url(self, path: str) -> str:
+        return f"{self._base}/{quote(validate_path(path), safe='/')}"
 
     async def list(self) -> list[ObjectInfo]:
         raise UnsupportedOperation(
@@ -99,8 +97,8 @@ class HttpStore(Store):
 
         return await self.retry.run(attempt, what=path)
 
-    async def _info_by_get(self, url: yarl.URL, path: str) -> ObjectInfo:
-        async with self.session.get(url, headers={"Range": "bytes=0-0"}) as resp:
+    async def _info_by_get(self, url: str, path: str) -> ObjectInfo:
+        async with self.session.get(url, headers={"Range": "bytes=0-0"}, allow_redirects=True) as resp:
             if resp.status >= 300:
                 raise await error_from_response(resp, path)
             parsed = parse_content_range(resp.headers.get("Content-Range", ""))
@@ -126,7 +124,7 @@ class HttpStore(Store):
         async def attempt() -> bytes:
             if self.bandwidth is not None:
                 await self.bandwidth.acquire(end - start)
-            data = await fetch_range(self.session, url, headers, start, end, what, self.stats)
+            data = await fetch_range(self.session, url, headers, start, end, what, self.stats, allow_redirects=True)
             await run_check(check, data)
             return data
 
@@ -144,7 +142,8 @@ class HttpStore(Store):
         async def attempt() -> None:
             if self.bandwidth is not None:
                 await self.bandwidth.acquire(end - start)
-            await stream_range(self.session, url, headers, start, end, what, self.stats, open_sink)
+            await stream_range(self.session, url, headers, start, end, what, self.stats, open_sink,
+                               allow_redirects=True)
 
         await self.retry.run(attempt, what=what)
 
@@ -152,7 +151,7 @@ class HttpStore(Store):
         url = self._object_url(path)
 
         async def attempt() -> bytes:
-            return await fetch_all(self.session, url, None, path, self.stats)
+            return await fetch_all(self.session, url, None, path, self.stats, allow_redirects=True)
 
         return await self.retry.run(attempt, what=path)
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import AsyncIterator
-
-import aiohttp
+from typing import TYPE_CHECKING, AsyncIterator
 
 from ..errors import TransientOriginError
 from .base import InvalidRange
 from .stats import OriginStats
+
+if TYPE_CHECKING:
+    from .wire import Response
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
@@ -47,25 +48,24 @@ def range_header(start: int, end: int) -> str:
 
 
 async def read_range_body(
-    resp: aiohttp.ClientResponse, start: int, end: int, what: str, stats: OriginStats
+    resp: Response, start: int, end: int, what: str, stats: OriginStats
 ) -> bytes:
     """The ``end - start`` bytes of a 200/206 answer to ``Range: bytes=start-(end-1)``, in memory.
 
     Raises as :func:`range_chunks`.
     """
-    chunks = [chunk async for chunk in range_chunks(resp, start, end, what, stats)]
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return b"".join([chunk async for chunk in range_chunks(resp, start, end, what, stats)])
 
 
 async def range_chunks(
-    resp: aiohttp.ClientResponse, start: int, end: int, what: str, stats: OriginStats
+    resp: Response, start: int, end: int, what: str, stats: OriginStats
 ) -> AsyncIterator[bytes]:
     """The ``end - start`` bytes of a 200/206 answer to ``Range: bytes=start-(end-1)``, as they arrive.
 
     The headers are checked before the first chunk; the length after the last,
     so a consumer must treat what it took as unverified until the iteration
-    ends without error. aiohttp errors (reset, truncated body) propagate for the
-    caller to translate.
+    ends without error. connection errors (reset, truncated body) propagate for
+    the caller to translate.
 
     Raises:
         InvalidRange: the object is shorter than ``end``.
@@ -75,7 +75,7 @@ async def range_chunks(
     declared = resp.content_length
     content_range = resp.headers.get("Content-Range")
     skip = 0
-    whole_body = True  # the body is exactly the range (its length enforced by aiohttp and below)
+    whole_body = True  # the body is exactly the range (its length enforced by the client and below)
     if content_range is not None:
         parsed = parse_content_range(content_range)
         if parsed is None:
@@ -98,7 +98,7 @@ async def range_chunks(
     got = 0
     if whole_body:
         content = resp.content
-        while True:  # ends at EOF; aiohttp raises if the body is cut short of Content-Length
+        while True:  # ends at EOF; the client raises if the body is cut short
             chunk, end_of_http_chunk = await content.readchunk()
             if chunk:
                 got += len(chunk)
@@ -118,26 +118,20 @@ async def range_chunks(
         raise TransientOriginError(f"{what}: body has {got} bytes, expected {length}")
 
 
-async def read_body(resp: aiohttp.ClientResponse) -> bytes:
-    """The whole body, copied once.
-
-    ``resp.read()`` copies a large body twice (each wake-up joins the chunks
-    buffered so far, then the pieces are joined again); taking the parser's
-    chunks one by one and joining once saves a copy of every byte, which is
-    most of the client's CPU at loopback speeds.
-    """
+async def read_body(resp: Response) -> bytes:
+    """The whole body, as one ``bytes`` (the received views joined once)."""
     content = resp.content
     chunks = []
-    while True:  # ends at EOF; aiohttp raises if the body is cut short of Content-Length
+    while True:  # ends at EOF; the client raises if the body is cut short
         chunk, end_of_http_chunk = await content.readchunk()
         if chunk:
             chunks.append(chunk)
         elif not end_of_http_chunk:  # (b"", True) only marks a chunk boundary
             break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return b"".join(chunks)
 
 
-async def _slice_stream(resp: aiohttp.ClientResponse, start: int, length: int) -> AsyncIterator[bytes]:
+async def _slice_stream(resp: Response, start: int, length: int) -> AsyncIterator[bytes]:
     """Skip ``start`` bytes of the body, yield up to ``length``, then close the connection."""
     content = resp.content
     try:

@@ -3,7 +3,7 @@
 Reading is what stager does most, and botocore's per-request machinery
 (endpoint rules, parsing, its streaming body) costs more CPU than the bytes
 themselves at loopback speeds. So ranged and whole-object reads are plain
-aiohttp GETs signed with :mod:`stager.store.sigv4`, their bodies checked by
+GETs (:mod:`stager.store.wire`) signed with :mod:`stager.store.sigv4`, their bodies checked by
 :func:`~stager.store.range_body.range_chunks` (streamed into a sink, or read
 whole).
 ``HEAD`` (:meth:`S3Store.info`) takes the same path: one request, where
@@ -41,8 +41,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote, urlsplit
 
-import aiohttp
-import yarl
 
 from ..config import RetryConfig
 from ..errors import AccessDenied, ConfigError, ShardNotFound, TransientOriginError
@@ -55,6 +53,7 @@ from . import sigv4
 from .range_body import range_header
 from .stats import OriginStats
 from .translate import translated
+from .wire import WireSession
 
 DEFAULT_REGION = "us-east-1"
 #: The largest single PUT S3 accepts; larger whole-object writes go through s3fs's multipart path.
@@ -86,7 +85,7 @@ class S3Store(FsspecStore):
             url, storage_options, retry=retry, bandwidth=bandwidth, stats=stats, concurrency=concurrency
         )
         self._concurrency = concurrency
-        self._session: aiohttp.ClientSession | None = None
+        self._session: WireSession | None = None
         self._signer: _Signer | None = None
         self._connect_lock = asyncio.Lock()
         self._models_loaded = False
@@ -146,7 +145,7 @@ class S3Store(FsspecStore):
         return self._signer
 
     @property
-    def session(self) -> aiohttp.ClientSession:
+    def session(self) -> WireSession:
         if self._session is None:
             self._session = new_session(self._concurrency)
         return self._session
@@ -421,13 +420,13 @@ class _Signer:
         return f"{self.scheme}://{self.host}{self.base_path}/{bucket}/{quoted}"
 
     async def sign(self, method: str, bucket: str, key: str, headers: dict[str, str], *, query: str = "",
-                   unsigned_payload: bool = False) -> tuple[yarl.URL, dict[str, str]]:
+                   unsigned_payload: bool = False) -> tuple[str, dict[str, str]]:
         """The URL and headers of a request; ``query`` is already encoded; a body goes as UNSIGNED-PAYLOAD."""
         url = self.url(bucket, key) + (f"?{query}" if query else "")
         if self.headers:
             headers = {**self.headers, **headers}
         if self.credentials is None:
-            return yarl.URL(url, encoded=True), headers
+            return url, headers
         frozen = self.credentials.get_frozen_credentials()
         if inspect.isawaitable(frozen):
             frozen = await frozen
@@ -435,7 +434,7 @@ class _Signer:
             method, url, access_key=frozen.access_key, secret_key=frozen.secret_key, headers=headers,
             payload_hash=sigv4.UNSIGNED_PAYLOAD if unsigned_payload else sigv4.EMPTY_SHA256,
             session_token=frozen.token, region=self.region)
-        return yarl.URL(url, encoded=True), signed
+        return url, signed
 
 
 @dataclass(frozen=True)
@@ -519,26 +518,10 @@ def _direct_settings(options: Mapping[str, Any], env: Mapping[str, str] = os.env
     return _Direct(endpoint, region, credentials, virtual, headers)
 
 
-#: The head of a PUT body sent with the request headers; the rest follows as it is.
-_BODY_HEAD = 16 * 1024
-
-
-async def _body(data: bytes) -> AsyncIterator[memoryview]:
-    # aiohttp (before Python 3.12.9) joins the request headers with the first body chunk
-    # into one new bytes: for a whole 16 MiB part that is a copy of every byte sent. A
-    # small first chunk keeps that copy small; the rest is handed to the transport as is.
-    view = memoryview(data)
-    yield view[:_BODY_HEAD]
-    if len(view) > _BODY_HEAD:
-        yield view[_BODY_HEAD:]
-
-
-async def _put(session: aiohttp.ClientSession, url: yarl.URL, headers: Mapping[str, str], data: bytes,
-               what: str) -> str | None:
+async def _put(session: WireSession, url: str, headers: Mapping[str, str], data: bytes, what: str) -> str | None:
     """One PUT of ``data``; returns the answer's ETag. Errors translated."""
-    headers = {**headers, "Content-Length": str(len(data))}  # a known length: not chunked
     with translated(what):
-        async with session.put(url, data=_body(data), headers=headers) as resp:
+        async with session.put(url, data, headers=headers) as resp:
             if resp.status >= 300:
                 raise await error_from_response(resp, what)
             await resp.read()

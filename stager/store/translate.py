@@ -1,6 +1,7 @@
 """The one place where errors of lower libraries become stager errors.
 
-Stores wrap every call into botocore, aiobotocore, s3fs, aiohttp, fsspec
+Stores wrap every call into botocore, aiobotocore, s3fs, fsspec, our HTTP
+client (:mod:`stager.store.wire`, which fails with ``OSError`` subclasses)
 and the OS in :func:`translated`, which maps what it knows and lets anything
 else (a bug) through untouched. HTTP origins that parse responses themselves
 use :func:`error_for_status`. The mapping:
@@ -38,8 +39,6 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-import aiohttp
-
 from ..errors import (
     AccessDenied,
     OriginError,
@@ -65,6 +64,22 @@ def _botocore() -> tuple[Any, Any] | None:
     from botocore.parsers import ResponseParserError
 
     return botocore.exceptions, ResponseParserError
+
+
+def _aiohttp() -> Any:
+    """aiohttp, if loaded (as botocore above: a process that never loaded it holds none of its errors)."""
+    return sys.modules.get("aiohttp")
+
+
+def _tls_error(exc: BaseException, what: str) -> OriginError | None:
+    """A TLS failure: a rejected certificate is not retried, a broken TLS stream is."""
+    ssl = sys.modules.get("ssl")
+    if ssl is None or not isinstance(exc, ssl.SSLError):
+        return None
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return OriginError(f"{what}: TLS certificate rejected: {exc}")
+    return TransientOriginError(f"{what}: TLS error: {_describe(exc)}")
+
 
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchUpload", "NoSuchVersion", "404"})
 DENIED_CODES = frozenset({
@@ -136,12 +151,16 @@ def origin_error(exc: BaseException, what: str) -> OriginError | None:
     client_error = _find_cause(exc, _boto.ClientError) if _boto is not None else None
     if client_error is not None:
         return _from_client_error(client_error, what)
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return error_for_status(exc.status, what, detail=exc.message or None)
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        return OriginError(f"{what}: TLS certificate rejected: {exc}")
-    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError)):
-        return TransientOriginError(f"{what}: {_describe(exc)}")
+    aiohttp = _aiohttp()
+    if aiohttp is not None:
+        if isinstance(exc, aiohttp.ClientResponseError):
+            return error_for_status(exc.status, what, detail=exc.message or None)
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            return OriginError(f"{what}: TLS certificate rejected: {exc}")
+        if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError)):
+            return TransientOriginError(f"{what}: {_describe(exc)}")
+    if (tls := _tls_error(exc, what)) is not None:
+        return tls
     if _boto is not None:
         if isinstance(exc, (_boto.NoCredentialsError, _boto.PartialCredentialsError)):
             return AccessDenied(f"{what}: no usable credentials: {exc}")

@@ -1,0 +1,357 @@
+"""The HTTP/1.1 client under the HTTP and S3 stores, against raw loopback servers that send exact bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Awaitable, Callable
+
+import pytest
+
+from stager.store.wire import HIGH_WATER, RECV_BUFFER, ProtocolError, RedirectLoop, WireSession
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+class RawServer:
+    """A loopback server running ``handler(reader, writer, connection_number)`` for each connection."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> RawServer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer, self.connections)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[str, dict[str, str], bytes]:
+    """One request: its request line, headers (lower-case names) and body (by Content-Length)."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    headers = {}
+    for line in head[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return head[0], headers, body
+
+
+def answer(body: bytes, status: str = "200 OK", **headers: str) -> bytes:
+    lines = [f"HTTP/1.1 {status}", f"Content-Length: {len(body)}"]
+    lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def get_body(session: WireSession, url: str, **kwargs) -> tuple[int, bytes]:
+    async with session.get(url, **kwargs) as resp:
+        return resp.status, await resp.read()
+
+
+async def test_requests_share_one_kept_alive_connection():
+    async def handler(reader, writer, n):
+        for i in range(3):
+            line, headers, _ = await read_request(reader)
+            assert headers["host"].startswith("127.0.0.1:") and headers["accept-encoding"] == "identity"
+            writer.write(answer(f"answer {i} to {line}".encode()))
+
+    async with RawServer(handler) as server:
+        session = WireSession(4)
+        try:
+            bodies = [await get_body(session, f"{server.url}/x?n={i}") for i in range(3)]
+        finally:
+            await session.close()
+    assert bodies == [(200, f"answer {i} to GET /x?n={i} HTTP/1.1".encode()) for i in range(3)]
+    assert server.connections == 1
+
+
+async def test_a_pooled_connection_the_server_closed_is_replaced_without_an_error():
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(answer(f"connection {n}".encode()))
+        await writer.drain()
+        if n == 1:  # an idle timeout racing the next request: read it, close without answering
+            await read_request(reader)
+
+    async with RawServer(handler) as server:
+        session = WireSession(4)
+        try:
+            assert await get_body(session, server.url + "/a") == (200, b"connection 1")
+            assert await get_body(session, server.url + "/b") == (200, b"connection 2")
+            await asyncio.sleep(0.05)  # connection 2 was closed after its answer: the pool notices
+            assert await get_body(session, server.url + "/c") == (200, b"connection 3")
+        finally:
+            await session.close()
+    assert server.connections == 3
+
+
+async def test_a_new_connection_closed_before_answering_is_an_error_not_a_loop():
+    async def handler(reader, writer, n):
+        await read_request(reader)
+
+    async with RawServer(handler) as server:
+        session = WireSession(4)
+        try:
+            with pytest.raises(ConnectionError, match="before answering"):
+                await get_body(session, server.url)
+        finally:
+            await session.close()
+    assert server.connections == 1
+
+
+async def test_chunked_body_split_anywhere_with_extensions_and_trailers():
+    data = os.urandom(70_000)
+    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for at in range(0, len(data), 9000):
+        piece = data[at:at + 9000]
+        wire += f"{len(piece):X};name=value\r\n".encode() + piece + b"\r\n"
+    wire += b"0\r\nX-Trailer: t\r\n\r\n"
+
+    async def handler(reader, writer, n):
+        for _ in range(2):
+            await read_request(reader)
+            for at in range(0, len(wire), 997):  # boundaries fall inside sizes, data and CRLFs
+                writer.write(wire[at:at + 997])
+                await writer.drain()
+                await asyncio.sleep(0)
+
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            assert await get_body(session, server.url) == (200, data)
+            assert await get_body(session, server.url) == (200, data)  # framing ended exactly: reused
+        finally:
+            await session.close()
+    assert server.connections == 1
+
+
+async def test_a_body_until_close_is_read_to_the_end_and_the_connection_not_reused():
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\nno length, ends at close")
+
+    async with RawServer(handler) as server:
+        session = WireSession(2)
+        try:
+            assert await get_body(session, server.url) == (200, b"no length, ends at close")
+            assert await get_body(session, server.url) == (200, b"no length, ends at close")
+        finally:
+            await session.close()
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize("cut", ["inside_body", "before_answer"])
+async def test_a_connection_cut_short_is_a_retryable_connection_error(cut):
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        if cut == "inside_body":
+            writer.write(answer(b"x" * 1000)[:-400])
+
+    async with RawServer(handler) as server:
+        session = WireSession(2)
+        try:
+            with pytest.raises(ConnectionError):
+                await get_body(session, server.url)
+        finally:
+            await session.close()
+
+
+@pytest.mark.parametrize("bad", [
+    b"HTTP/1.1 2000 OK\r\n\r\n",
+    b"ICY 200 OK\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (70 * 1024),
+])
+async def test_malformed_answers_are_protocol_errors(bad):
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(bad)
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            with pytest.raises(ProtocolError):
+                await asyncio.wait_for(get_body(session, server.url), 5)
+        finally:
+            await session.close()
+
+
+async def test_informational_answers_are_skipped_and_head_has_no_body():
+    async def handler(reader, writer, n):
+        line, _, _ = await read_request(reader)
+        assert line.startswith("HEAD ")
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 12345\r\n\r\n")
+        line, _, _ = await read_request(reader)
+        writer.write(answer(b"after head"))
+
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            async with session.head(server.url) as resp:
+                assert (resp.status, resp.content_length, await resp.read()) == (200, 12345, b"")
+            assert await get_body(session, server.url) == (200, b"after head")
+        finally:
+            await session.close()
+    assert server.connections == 1
+
+
+async def test_redirects_followed_only_when_asked_and_credentials_stay_with_their_origin():
+    seen: list[tuple[int, str, dict[str, str]]] = []
+
+    async def other(reader, writer, n):
+        line, headers, _ = await read_request(reader)
+        seen.append((2, line, headers))
+        writer.write(answer(b"moved here"))
+
+    async with RawServer(other) as target:
+        async def first(reader, writer, n):
+            for _ in range(100):
+                line, headers, _ = await read_request(reader)
+                seen.append((1, line, headers))
+                if "/loop" in line:
+                    writer.write(answer(b"", "302 Found", Location="/loop"))
+                elif "/rel" in line:
+                    writer.write(answer(b"", "301 Moved", Location="/abs"))
+                elif "/abs" in line:
+                    writer.write(answer(b"", "307 Temporary", Location=target.url + "/there"))
+                else:
+                    writer.write(answer(b"?"))
+
+        async with RawServer(first) as server:
+            session = WireSession(2)
+            try:
+                auth = {"Authorization": "secret"}
+                async with session.get(server.url + "/rel", headers=auth) as resp:
+                    assert resp.status == 301  # not asked to follow
+                    await resp.read()
+                assert await get_body(session, server.url + "/rel", headers=auth, allow_redirects=True) == \
+                    (200, b"moved here")
+                with pytest.raises(RedirectLoop):
+                    await get_body(session, server.url + "/loop", allow_redirects=True)
+            finally:
+                await session.close()
+    followed = [(s, line.split()[1], h.get("authorization")) for s, line, h in seen[1:4]]
+    assert followed == [(1, "/rel", "secret"), (1, "/abs", "secret"), (2, "/there", None)]
+
+
+async def test_kept_body_views_are_never_overwritten_by_later_answers():
+    bodies = [os.urandom(3 * RECV_BUFFER + 12345) for _ in range(4)]
+
+    async def handler(reader, writer, n):
+        for body in bodies:
+            await read_request(reader)
+            writer.write(answer(body))
+            await writer.drain()
+
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        kept: list[list[memoryview]] = []
+        try:
+            for _ in bodies:
+                async with session.get(server.url) as resp:
+                    views = []
+                    while chunk := (await resp.readchunk())[0]:
+                        views.append(chunk)
+                    kept.append(views)
+        finally:
+            await session.close()
+    assert [b"".join(views) for views in kept] == bodies
+
+
+async def test_a_slow_reader_pauses_the_socket_instead_of_buffering_the_body():
+    body = os.urandom(64 << 20)
+
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(answer(body))
+        await writer.drain()
+
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            async with session.get(server.url) as resp:
+                await asyncio.sleep(0.5)  # nothing taken: receiving must stop near the high-water mark
+                assert resp._queued <= HIGH_WATER + RECV_BUFFER
+                got = bytearray()
+                while chunk := (await resp.readchunk())[0]:
+                    got += chunk
+            assert bytes(got) == body
+        finally:
+            await session.close()
+
+
+async def test_put_sends_its_body_with_its_length():
+    data = os.urandom(5 * 1024 * 1024 + 7)
+    received = []
+
+    async def handler(reader, writer, n):
+        line, headers, body = await read_request(reader)
+        received.append((line.split()[0], headers["content-length"], body))
+        writer.write(answer(b"", ETag='"e"'))
+
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            async with session.put(server.url + "/obj", data, headers={"X-Meta": "m"}) as resp:
+                assert resp.status == 200 and resp.headers.get("etag") == '"e"'
+        finally:
+            await session.close()
+    assert received == [("PUT", str(len(data)), data)]
+
+
+async def test_a_cancelled_exchange_drops_its_connection():
+    async def handler(reader, writer, n):
+        for _ in range(2):
+            line, _, _ = await read_request(reader)
+            if "/slow" in line:
+                writer.write(answer(b"s" * 1000)[:-500])  # half the body, then nothing
+                await writer.drain()
+                await asyncio.sleep(10)
+                return
+            writer.write(answer(b"fast"))
+
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await get_body(session, server.url + "/slow")
+            # The one slot is free again, and the half-read connection was not pooled.
+            assert await asyncio.wait_for(get_body(session, server.url + "/fast"), 5) == (200, b"fast")
+        finally:
+            await session.close()
+    assert server.connections == 2
+
+
+async def test_header_injection_is_refused():
+    session = WireSession(1)
+    with pytest.raises(ValueError, match="forbidden character"):
+        await get_body(session, "http://127.0.0.1:9/x", headers={"X-A": "v\r\nX-B: injected"})
+    await session.close()
