@@ -16,17 +16,22 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from .protocol import DaemonUnavailable, error_from_body
+
+if TYPE_CHECKING:
+    import aiohttp
 
 BASE = "http://stager"  # the host is ignored on a Unix socket
 
 
 class DaemonClient:
-    """Requests to one daemon socket (the aiohttp session is made on first use, on the caller's loop)."""
+    """Requests to one daemon socket (the aiohttp session is made on first use, on the caller's loop).
+
+    aiohttp is imported then, not with this module: a command that finds no
+    daemon and runs the engine itself never needs it.
+    """
 
     def __init__(self, socket_path: str | Path, *, connect_timeout: float = 5.0) -> None:
         self.socket_path = Path(socket_path)
@@ -35,6 +40,8 @@ class DaemonClient:
         self.instance: str | None = None  # the X-Stager-Instance of the last answer
 
     def _client(self) -> aiohttp.ClientSession:
+        import aiohttp
+
         if self._session is None or self._session.closed:
             # limit=0: long-polls hold connections, and one stuck poll must not block the others.
             connector = aiohttp.UnixConnector(path=str(self.socket_path), limit=0)
@@ -49,6 +56,8 @@ class DaemonClient:
             DaemonUnavailable: nobody answers, the connection broke, or the daemon is stopping.
             StagerError: the error the daemon answered with (same class as on the daemon's side).
         """
+        import aiohttp
+
         client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=self.connect_timeout)
         try:
             async with self._client().request(method, path, json=body, params=params,

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
-from fsspec.core import split_protocol
 
 from ..config import SourceConfig
+from ..store.base import split_protocol
 from .protocol import DaemonRequestError
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")

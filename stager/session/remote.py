@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal, Sequence, TypeVar
 
 import numpy as np
-from fsspec.core import split_protocol
 
 from ..cache import CacheTier
 from ..cache.layout import CacheLayout
@@ -58,7 +57,7 @@ from ..daemon.protocol import API, PENDING, DaemonUnavailable, UnknownPlan, mani
 from ..errors import CacheError, ConfigError, DaemonError, StagerError
 from ..hashing import block_range
 from ..manifest import Manifest, load_manifest
-from ..store import open_store
+from ..store import open_store, split_protocol
 from .base import DatasetHandle, PlanHandle, Session
 from .embedded import EmbeddedSession
 

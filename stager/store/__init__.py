@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsspec.core import split_protocol
 
 from ..config import RetryConfig, SourceConfig
 from ..errors import ConfigError
@@ -51,6 +50,7 @@ from .base import (
     Store,
     UnsupportedOperation,
     Upload,
+    split_protocol,
     validate_path,
 )
 from .fsspec_store import FsspecStore

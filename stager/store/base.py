@@ -97,6 +97,18 @@ class ObjectInfo:
     mtime: float | None = None
 
 
+def split_protocol(url: str) -> tuple[str | None, str]:
+    """``"s3://bucket/key"`` -> ``("s3", "bucket/key")``; a URL without ``PROTO://`` -> ``(None, url)``.
+
+    As fsspec splits them (a one-letter protocol is a Windows drive), without importing fsspec.
+    """
+    url = str(url)
+    protocol, sep, rest = url.partition("://")
+    if sep and len(protocol) > 1:
+        return protocol, rest
+    return None, url
+
+
 def validate_path(path: str) -> str:
     """Return ``path`` if it is a safe relative object path, else raise :class:`InvalidPath`.
 

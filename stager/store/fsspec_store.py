@@ -22,19 +22,20 @@ import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, Mapping
-
-import fsspec
-from fsspec.core import split_protocol
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import RetryConfig
 from ..errors import ShardNotFound, TransientOriginError
 from .bandwidth import BandwidthLimiter
-from .base import Check, InvalidRange, ObjectInfo, Store, Upload, run_check, validate_path, validate_range
+from .base import (Check, InvalidRange, ObjectInfo, Store, Upload, run_check, split_protocol, validate_path,
+                   validate_range)
 from .parts import PartLedger
 from .retry import RetryPolicy
 from .stats import OriginStats
 from .translate import translated
+
+if TYPE_CHECKING:
+    import fsspec
 
 #: Name prefix of the local spool files of :class:`SpooledUpload`.
 SPOOL_PREFIX = "stager-upload-"
@@ -93,6 +94,8 @@ class FsspecStore(Store):
         self._open_filesystem()
 
     def _filesystem_class(self) -> type:
+        import fsspec  # here, not at the top: the S3 store's read path never needs it
+
         with translated(self._url_hint()):
             return fsspec.get_filesystem_class(self.protocol)
 
