@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import machine, table  # noqa: E402
+from harness import machine, precompile_stager, table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -187,6 +187,7 @@ def main() -> None:
                         help="scheduling priority of the daemon (negative: higher; needs root). On a shared, "
                              "loaded machine one daemon process gets one scheduler share against 8 engines' 8")
     args = parser.parse_args()
+    precompile_stager()
     if args.consumer:
         print(json.dumps(asyncio.run(consume(args))))
         return

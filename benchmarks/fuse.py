@@ -48,7 +48,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 from fuse import mount_pid  # noqa: E402
 
 sys.path.insert(0, str(_HERE))
-from harness import machine, table, tool  # noqa: E402
+from harness import machine, precompile_stager, table, tool  # noqa: E402
 
 from stager.manifest import Manifest, ShardEntry  # noqa: E402
 from stager.manifest.parquet import encode_manifest  # noqa: E402
@@ -230,6 +230,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the data, caches and logs in the scratch folder")
     args = parser.parse_args()
+    precompile_stager()
     fio_bin = ensure_fio()
     work = Path(args.work or tempfile.mkdtemp(prefix="stager-fuse-bench-"))
     files_n = max(2, int(args.gib * 1024 / args.file_mib))

@@ -38,8 +38,28 @@ def tool(name: str) -> str | None:
     return shutil.which(name)
 
 
+def precompile_stager() -> None:
+    """Write the bytecode of stager's modules, as installing a wheel does.
+
+    An editable install (``make``) leaves them to be compiled on first import,
+    and not at all where PYTHONDONTWRITEBYTECODE is set: every timed run
+    would then pay for compiling stager's source, which no installed copy does.
+    """
+    import compileall
+
+    compileall.compile_dir(str(Path(__file__).resolve().parent.parent / "stager"), quiet=1)
+
+
+def median_run(runs: Sequence[Run]) -> Run:
+    """The run of median wall time (the upper median of an even count)."""
+    return sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]
+
+
 def timed(name: str, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 3600) -> Run:
     """Run a command: wall seconds, CPU seconds (wait4: the child and its waited children) and peak RSS.
+
+    Dirty pages are written out first (``sync``), so no run pays for the
+    writeback of what ran (or was generated) before it.
 
     Peak RSS is the child's own high-water mark (VmHWM), or the largest sum of
     the resident sizes of the child and its descendants sampled every 20 ms if
@@ -51,6 +71,7 @@ def timed(name: str, argv: Sequence[str], env: Mapping[str, str] | None = None, 
 
     import psutil
 
+    os.sync()
     began = time.monotonic()
     peak = 0
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:

@@ -36,7 +36,7 @@ import numpy as np
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Run, machine, s5cmd_binary, table, timed, tool
+from harness import Run, machine, precompile_stager, s5cmd_binary, table, timed, tool
 
 from stager.hashing import StreamHasher
 from stager.manifest import MANIFEST_PATH, Manifest, ShardEntry, encode_manifest
@@ -213,6 +213,7 @@ def main() -> None:
     parser.add_argument("--only-rss", action="store_true", help="only the peak-RSS runs")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
     args = parser.parse_args()
+    precompile_stager()
     work = Path(args.work or tempfile.mkdtemp(prefix="stager-bench-replicate-"))
     print("# replicate benchmark: S3 to S3 between two rclone servers on loopback")
     print(f"machine: {machine()}")

@@ -7,7 +7,10 @@ seconds, peak RSS, and whether the result verifies against the manifest
 (xxh3-128 of every file). stager verifies every block as it streams; the
 peers' results are checked here, after the fact.
 
-Run: ``make bench && .venv/bin/python benchmarks/stage.py [--gib 1] [--shard-mib 32]``
+With ``--rounds N`` every tool runs N times per phase, in turn, and the run of
+median wall time is reported.
+
+Run: ``make bench && .venv/bin/python benchmarks/stage.py [--gib 1] [--shard-mib 32] [--rounds 3]``
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Run, machine, s5cmd_binary, table, timed, tool  # noqa: E402
+from harness import Run, machine, median_run, precompile_stager, s5cmd_binary, table, timed, tool  # noqa: E402
 
 from stager.cache import BlobState, CacheTier  # noqa: E402
 from stager.config import CacheConfig  # noqa: E402
@@ -96,6 +99,15 @@ def runs(endpoint: str, server: S3Server, work: Path, manifest, label: str) -> l
     return results
 
 
+def medians(rounds: list[list[tuple[Run, bool]]]) -> list[tuple[Run, bool]]:
+    """Per tool, the run of median wall time; it verifies only if every round's result did."""
+    out = []
+    for i, (first, _) in enumerate(rounds[0]):
+        runs_of_tool = [r[i] for r in rounds]
+        out.append((median_run([run for run, _ in runs_of_tool]), all(ok for _, ok in runs_of_tool)))
+    return out
+
+
 def report(title: str, results: list[tuple[Run, bool]], nbytes: int, baseline: dict[str, float] | None) -> dict[str, float]:
     fastest_peer = min((r.seconds for r, ok in results if r.name != "stager stage" and ok), default=None)
     rows = []
@@ -115,21 +127,24 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0, help="dataset size in GiB")
     parser.add_argument("--shard-mib", type=int, default=32, help="shard size in MiB")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each tool per phase; the median is reported")
     args = parser.parse_args()
+    precompile_stager()
     work = Path(args.work or tempfile.mkdtemp(prefix="stager-bench-"))
     shards = max(1, int(args.gib * 1024 / args.shard_mib))
     print(f"# stage benchmark: {shards} shards x {args.shard_mib} MiB from rclone serve s3 on loopback")
     print(f"machine: {machine()}")
-    print(f"reproduce: .venv/bin/python benchmarks/stage.py --gib {args.gib} --shard-mib {args.shard_mib}")
+    print(f"reproduce: .venv/bin/python benchmarks/stage.py --gib {args.gib} --shard-mib {args.shard_mib} "
+          f"--rounds {args.rounds}")
     manifest = generate_corpus(work / "s3" / "bench" / "corpus", shards=shards,
                                tokens_per_shard=args.shard_mib << 19, jitter=0.0, seed=1)
     nbytes = manifest.total_bytes
     server = S3Server(work / "s3", etag_hash="")
     try:
-        clean = runs(server.endpoint_url, server, work, manifest, "clean")
+        clean = medians([runs(server.endpoint_url, server, work, manifest, "clean") for _ in range(args.rounds)])
         baseline = report("clean origin", clean, nbytes, None)
         with FaultProxy(server.endpoint_url, FAULTS, seed=11, credentials=server.credentials) as proxy:
-            faulty = runs(proxy.url, server, work, manifest, "faulty")
+            faulty = medians([runs(proxy.url, server, work, manifest, "faulty") for _ in range(args.rounds)])
             print(f"\nfaults injected: {json.dumps(proxy.faults)}")
         report("through the fault proxy (503, 500, resets, truncated and flipped bodies)", faulty, nbytes, baseline)
     finally:
