@@ -7,7 +7,8 @@ seconds, peak RSS, and whether the result verifies against the manifest
 (xxh3-128 of every file). stager verifies every block as it streams; the
 peers' results are checked here, after the fact.
 
-With ``--rounds N`` every tool runs N times per phase, in turn, and the run of
+Every tool first runs once untimed; with ``--rounds N`` every tool then runs
+N times per phase, each round starting with a different tool, and the run of
 median wall time is reported.
 
 Run: ``make bench && .venv/bin/python benchmarks/stage.py [--gib 1] [--shard-mib 32] [--rounds 3]``
@@ -61,42 +62,46 @@ def verify_cache(cache_dir: Path, manifest) -> bool:
     return True
 
 
-def runs(endpoint: str, server: S3Server, work: Path, manifest, label: str) -> list[tuple[Run, bool]]:
-    env = server.env(endpoint)
-    results = []
-    dest = work / f"{label}-stager"
-    run = timed("stager stage", [sys.executable, "-m", "stager", "stage", "s3://bench/corpus", "--cache", str(dest),
-                                 "--capacity", str(manifest.total_bytes * 2), "--concurrency", "16", "--json"], env)
-    results.append((run, run.returncode == 0 and verify_cache(dest, manifest)))
-    shutil.rmtree(dest, ignore_errors=True)
-
+def commands(endpoint: str, server: S3Server, work: Path, manifest, label: str) -> list[tuple[str, list[str], Path]]:
+    """Each tool's name, command line and destination folder."""
+    out = [("stager stage", [sys.executable, "-m", "stager", "stage", "s3://bench/corpus", "--cache",
+                             str(work / f"{label}-stager"), "--capacity", str(manifest.total_bytes * 2),
+                             "--concurrency", "16", "--json"], work / f"{label}-stager")]
     s5 = s5cmd_binary()
     if s5:
         dest = work / f"{label}-s5cmd"
-        run = timed("s5cmd cp", [s5, "--endpoint-url", endpoint, "--numworkers", "32", "cp", "--concurrency", "4",
-                                 "--part-size", "8", "s3://bench/corpus/*", f"{dest}/"], env)
-        results.append((run, run.returncode == 0 and verify_folder(dest, manifest)))
-        shutil.rmtree(dest, ignore_errors=True)
-
+        out.append(("s5cmd cp", [s5, "--endpoint-url", endpoint, "--numworkers", "32", "cp", "--concurrency", "4",
+                                 "--part-size", "8", "s3://bench/corpus/*", f"{dest}/"], dest))
     rclone = tool("rclone")
     if rclone:
         dest = work / f"{label}-rclone"
-        run = timed("rclone copy", [rclone, "copy", ":s3:bench/corpus", str(dest), "--s3-provider", "Other",
+        out.append(("rclone copy", [rclone, "copy", ":s3:bench/corpus", str(dest), "--s3-provider", "Other",
                                     "--s3-endpoint", endpoint, "--s3-access-key-id", server.access_key,
                                     "--s3-secret-access-key", server.secret_key, "--transfers", "16",
-                                    "--multi-thread-streams", "4", "--exclude", ".stager/**"], env)
-        results.append((run, run.returncode == 0 and verify_folder(dest, manifest)))
-        shutil.rmtree(dest, ignore_errors=True)
-
+                                    "--multi-thread-streams", "4", "--exclude", ".stager/**"], dest))
     dest = work / f"{label}-s3fs"
     script = (f"import s3fs; fs = s3fs.S3FileSystem(key={server.access_key!r}, secret={server.secret_key!r}, "
               f"client_kwargs={{'endpoint_url': {endpoint!r}}}, "
               f"config_kwargs={{'response_checksum_validation': 'when_required'}}); "
               f"fs.get('bench/corpus/', {str(dest)!r} + '/', recursive=True)")
-    run = timed("s3fs get", [sys.executable, "-c", script], env)
-    results.append((run, run.returncode == 0 and verify_folder(dest, manifest)))
-    shutil.rmtree(dest, ignore_errors=True)
-    return results
+    out.append(("s3fs get", [sys.executable, "-c", script], dest))
+    return out
+
+
+def runs(endpoint: str, server: S3Server, work: Path, manifest, label: str, turn: int) -> list[tuple[Run, bool]]:
+    """Every tool once, starting with tool number ``turn`` (so no tool is always the first to
+    allocate the page cache it writes: on a virtual machine, memory the guest touches for the first
+    time is slower to write), results in the usual order."""
+    tools = commands(endpoint, server, work, manifest, label)
+    env = server.env(endpoint)
+    results: dict[str, tuple[Run, bool]] = {}
+    for i in range(len(tools)):
+        name, argv, dest = tools[(turn + i) % len(tools)]
+        run = timed(name, argv, env)
+        check = verify_cache if name == "stager stage" else verify_folder
+        results[name] = (run, run.returncode == 0 and check(dest, manifest))
+        shutil.rmtree(dest, ignore_errors=True)
+    return [results[name] for name, _, _ in tools]
 
 
 def medians(rounds: list[list[tuple[Run, bool]]]) -> list[tuple[Run, bool]]:
@@ -119,6 +124,15 @@ def report(title: str, results: list[tuple[Run, bool]], nbytes: int, baseline: d
     print(f"\n## {title}\n")
     print(table(rows, ["tool", "wall s", "MB/s", "CPU s", "peak RSS MB", "verifies",
                        "speed vs fastest verified peer", "time vs clean run"]))
+    for run, _ in results:
+        if run.name == "stager stage":
+            try:
+                summary = json.loads(run.stdout.strip().splitlines()[-1])
+                print(f"\nstager's own account: {summary['seconds']:.2f} s staging after start-up, "
+                      f"{summary['retries']} retries, {summary['hedged']} hedged requests, "
+                      f"{summary['verify_failures']} blocks failing verification")
+            except (ValueError, IndexError, KeyError):
+                pass
     return {run.name: run.seconds for run, _ in results}
 
 
@@ -141,10 +155,11 @@ def main() -> None:
     nbytes = manifest.total_bytes
     server = S3Server(work / "s3", etag_hash="")
     try:
-        clean = medians([runs(server.endpoint_url, server, work, manifest, "clean") for _ in range(args.rounds)])
+        runs(server.endpoint_url, server, work, manifest, "warm-up", 0)  # untimed: see runs()
+        clean = medians([runs(server.endpoint_url, server, work, manifest, "clean", r) for r in range(args.rounds)])
         baseline = report("clean origin", clean, nbytes, None)
         with FaultProxy(server.endpoint_url, FAULTS, seed=11, credentials=server.credentials) as proxy:
-            faulty = medians([runs(proxy.url, server, work, manifest, "faulty") for _ in range(args.rounds)])
+            faulty = medians([runs(proxy.url, server, work, manifest, "faulty", r) for r in range(args.rounds)])
             print(f"\nfaults injected: {json.dumps(proxy.faults)}")
         report("through the fault proxy (503, 500, resets, truncated and flipped bodies)", faulty, nbytes, baseline)
     finally:

@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     # staging a gigabyte scanning the futures and buffers of a busy loop, which free
     # themselves by reference counting; a slower pace keeps the collector for real cycles.
     gc.set_threshold(10_000, 50, 50)
+    # No command does linear algebra; OpenBLAS would start a thread per core, which spin
+    # for a while after numpy's import, beside the transfer.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         cli.main(args=argv, prog_name="stager", standalone_mode=False)
     except StagerError as exc:
