@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import ssl
+import subprocess
 from typing import Awaitable, Callable
 
 import pytest
+import uvloop
 
+from stager.errors import OriginError, TransientOriginError
+from stager.store.translate import origin_error
 from stager.store.wire import HIGH_WATER, RECV_BUFFER, ProtocolError, RedirectLoop, WireSession
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -355,3 +361,56 @@ async def test_header_injection_is_refused():
     with pytest.raises(ValueError, match="forbidden character"):
         await get_body(session, "http://127.0.0.1:9/x", headers={"X-A": "v\r\nX-B: injected"})
     await session.close()
+
+
+def _self_signed(folder) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, made with the openssl command."""
+    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_tls_bodies_arrive_whole_and_an_unknown_certificate_is_refused(tmp_path, monkeypatch, loop_kind):
+    cert, key = _self_signed(tmp_path)
+    body = os.urandom(3 * RECV_BUFFER + 999)
+
+    async def handler(reader, writer, n):
+        for _ in range(2):
+            await read_request(reader)
+            writer.write(answer(body))
+            await writer.drain()
+
+    async def scenario() -> None:
+        server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_tls.load_cert_chain(cert, key)
+        server = RawServer(handler)
+        server.server = await asyncio.start_server(server._serve, "127.0.0.1", 0, ssl=server_tls)
+        url = server.url.replace("http://", "https://")
+        try:
+            untrusting = WireSession(1)
+            with pytest.raises(ssl.SSLCertVerificationError) as refused:
+                await get_body(untrusting, url)
+            await untrusting.close()
+            assert isinstance(origin_error(refused.value, "x"), OriginError)
+            assert not isinstance(origin_error(refused.value, "x"), TransientOriginError), "not retried"
+
+            monkeypatch.setenv("SSL_CERT_FILE", cert)  # the default context trusts it now
+            trusting = WireSession(1)
+            try:
+                assert await get_body(trusting, url + "/a") == (200, body)
+                assert await get_body(trusting, url + "/b") == (200, body)
+            finally:
+                await trusting.close()
+        finally:
+            server.server.close()
+            await server.server.wait_closed()
+
+    loop = uvloop.new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.wait_for(scenario(), 60))
+    finally:
+        loop.close()
