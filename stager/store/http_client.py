@@ -17,7 +17,7 @@ from typing import AsyncIterator, Callable, Mapping
 
 from ..errors import OriginError, TransientOriginError
 from .base import RangeSink, feed_sink
-from .range_body import range_chunks, read_body, read_range_body
+from .range_body import range_chunks, read_range_body
 from .stats import OriginStats
 from .translate import error_for_status, translated
 from .wire import Response, WireSession
@@ -108,7 +108,7 @@ async def fetch_all(
 ) -> bytes:
     """One GET of a whole object, its length checked against Content-Length; errors translated."""
     async with _good_answer(session, url, headers, what, allow_redirects) as resp:
-        data = await read_body(resp)
+        data = await resp.read()
     stats.bytes_read += len(data)
     if resp.content_length is not None and len(data) != resp.content_length:
         raise TransientOriginError(f"{what}: body has {len(data)} bytes, expected {resp.content_length}")

@@ -118,19 +118,6 @@ async def range_chunks(
         raise TransientOriginError(f"{what}: body has {got} bytes, expected {length}")
 
 
-async def read_body(resp: Response) -> bytes:
-    """The whole body, as one ``bytes`` (the received views joined once)."""
-    content = resp.content
-    chunks = []
-    while True:  # ends at EOF; the client raises if the body is cut short
-        chunk, end_of_http_chunk = await content.readchunk()
-        if chunk:
-            chunks.append(chunk)
-        elif not end_of_http_chunk:  # (b"", True) only marks a chunk boundary
-            break
-    return b"".join(chunks)
-
-
 async def _slice_stream(resp: Response, start: int, length: int) -> AsyncIterator[bytes]:
     """Skip ``start`` bytes of the body, yield up to ``length``, then close the connection."""
     content = resp.content
