@@ -323,7 +323,7 @@ def main() -> None:
     parser.add_argument("--consume", type=float, default=0.5, help="training consumption / origin bandwidth")
     parser.add_argument("--rounds", type=int, default=7, help="warm rounds (the median counts)")
     parser.add_argument("--only", default="", help="comma-separated contenders to run")
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--workdir", default=None, help="kept afterwards (default: a temporary one, removed)")
     parser.add_argument("--contender"), parser.add_argument("--phase"), parser.add_argument("--spec")
     parser.add_argument("--write", nargs=3, metavar=("KIND", "SRC", "OUT"))
     args = parser.parse_args()
@@ -333,16 +333,20 @@ def main() -> None:
         return write_peer(args.write[0], Path(args.write[1]), Path(args.write[2]), args.seq_len)
     if args.setup:
         return setup()
-    compare(args)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="stager-iterate-"))
+    try:
+        compare(args, work)
+    finally:
+        if not args.workdir:  # a temporary workdir holds over 1 GB of corpus and caches
+            shutil.rmtree(work, ignore_errors=True)
 
 
-def compare(args: argparse.Namespace) -> None:
+def compare(args: argparse.Namespace, work: Path) -> None:
     sys.path.insert(0, str(REPO))
     from stager.testing import FaultPlan, FaultProxy, S3Server
 
     only = set(filter(None, args.only.split(",")))
     peers = peer_status()
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="stager-iterate-"))
     root = work / "s3"
     corpus = root / "corpus"
     shard_tokens = args.shard_mib * (1 << 20) // 2
