@@ -230,11 +230,11 @@ def test_datasets_summary_with_many_blobs(tier):
     assert (big.blobs, big.complete, big.partial) == (100_003, 1, 1)
     assert big.bytes == 3 * 8 * KiB + 100 * 100_000 and big.complete_bytes == 8 * KiB
     assert summary["file:///small"].blobs == 2
-    assert elapsed < 5, f"registering 100k blobs took {elapsed:.1f}s"
+    assert elapsed < 5, f"registering 100k blobs took {elapsed:.1f}s"  # 0.3-0.6 s here: only pathologies fail
     registered = tier._index._one("SELECT registered FROM datasets WHERE name = 'file:///small'")
-    started = time.monotonic()
-    tier.register_dataset("s3://bucket/corpus", members)  # every process that opens it does this
-    assert time.monotonic() - started < elapsed
+    big_registered = tier._index._one("SELECT registered FROM datasets WHERE name = 's3://bucket/corpus'")
+    tier.register_dataset("s3://bucket/corpus", members)  # every process that opens it does this: no writes
+    assert tier._index._one("SELECT registered FROM datasets WHERE name = 's3://bucket/corpus'") == big_registered
     tier.register_dataset("file:///small", members[:2] + members[:1])  # duplicates count once: the same
     assert tier._index._one("SELECT registered FROM datasets WHERE name = 'file:///small'") == registered
     tier.register_dataset("file:///small", members[:1])  # replaces
@@ -306,7 +306,7 @@ def test_lookups_do_not_wait_behind_another_threads_transaction(tier):
         started = time.monotonic()
         assert tier.state(blob.digest) is BlobState.COMPLETE
         assert tier.usage().complete == 1
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < 5, "a lookup queued behind the writer (which holds on for 10 s)"
     finally:
         leave.set()
         writer.join(timeout=10)

@@ -100,10 +100,9 @@ async def test_wrong_credentials_fail_fast_as_access_denied(s3_bucket, tmp_path)
     options = {**s3_bucket.storage_options(), "secret": "wrong-secret-0123456789"}
     with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
         async with Engine(cache, fetch_config()) as engine:
-            began = time.monotonic()
             with pytest.raises(AccessDenied):
-                await asyncio.wait_for(engine.open_dataset(SourceConfig(f"{s3_bucket.url}/corpus", options)), 10)
-            assert time.monotonic() - began < 5
+                await asyncio.wait_for(engine.open_dataset(SourceConfig(f"{s3_bucket.url}/corpus", options)), 30)
+            assert engine.origin_stats.retries == 0  # fast: refused at the first answer, never retried
 
 
 async def test_origin_bytes_that_differ_from_the_manifest_are_reported_not_retried_forever(http_origin, tmp_path):

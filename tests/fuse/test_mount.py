@@ -347,8 +347,9 @@ def test_listing_ten_thousand_files_is_fast(tmp_path, mount_factory):
     ls_seconds = time.monotonic() - began
     assert len(find.stdout.splitlines()) == 10_000 + 10 + 1
     assert ls.stdout.count("shard-") == 10_000
-    # the target is under 1 s (benchmarks/fuse.py measures it); a little slack for a busy shared machine
-    assert find_seconds < 1.5 and ls_seconds < 1.5, (find_seconds, ls_seconds)
+    # The target (under 1 s) is measured by benchmarks/fuse.py; here only a pathology (say, a listing
+    # that touched the origin or grew quadratically) would take this long, even on a busy machine.
+    assert find_seconds < 10 and ls_seconds < 10, (find_seconds, ls_seconds)
 
 
 def test_a_mount_stages_through_the_node_daemon_when_one_serves_the_cache(origin, mount_factory, tmp_path):
