@@ -132,6 +132,10 @@ class TokenDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         it = self._bind()
+        if it.batches:
+            it.wrap_batch = torch.from_numpy  # made with the batch, off the loop's path when made ahead
+            yield from it
+            return
         for sample in it:
             yield torch.from_numpy(sample)
 

@@ -28,7 +28,7 @@ import os
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from ..cache.layout import CacheLayout
 from ..config import DEFAULT_CACHE_DIR, CacheConfig, FetchConfig, SourceConfig
 from ..errors import CacheError, CacheFull, ConfigError, OriginError, StagerError
 from ..manifest import Manifest
+from .ahead import MadeAhead
 from .deal import Layout, Remainder, Slice
 from .order import EpochOrder, OrderSpec
 from .readers import reader_for
@@ -77,6 +78,9 @@ class TokenIterator:
         prefetch_bytes: how far ahead of the cursor to stage (default: the fetch window, at
             least two shuffle windows; the engine caps it at half the cache).
         log_every: seconds between progress log lines (0: never).
+        make_ahead: with ``batches``, batches a helper thread makes while the loop computes, so
+            that ``next()`` only takes one (0: each is made inside ``next()``). The loop never
+            waits for the helper: when none is ready, ``next()`` makes it, in the same order.
         session: "auto" (the node daemon when one serves ``cache_dir``, else an engine in this
             process), "daemon" or "embedded".
         socket: the daemon's Unix socket (default: ``STAGER_SOCKET`` or the daemon's default).
@@ -112,6 +116,7 @@ class TokenIterator:
         token_column: str = "tokens",
         prefetch_bytes: int | None = None,
         log_every: float = 60.0,
+        make_ahead: int = 4,
         session: str = "auto",
         socket: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -136,6 +141,9 @@ class TokenIterator:
             raise ConfigError(f"prefetch_bytes must be > 0, got {prefetch_bytes}")
         self.prefetch_bytes = prefetch_bytes
         self.log_every = float(log_every)
+        if isinstance(make_ahead, bool) or not isinstance(make_ahead, int) or make_ahead < 0:
+            raise ConfigError(f"make_ahead must be a non-negative integer, got {make_ahead!r}")
+        self.make_ahead = make_ahead
         if session not in ("auto", "daemon", "embedded"):
             raise ConfigError(f"session must be auto, daemon or embedded, got {session!r}")
         self.session_mode = session
@@ -153,6 +161,10 @@ class TokenIterator:
         self._finalizer: weakref.finalize | None = None
         self._stats = IteratorStats()
         self._cursor: tuple[EpochOrder, Slice] | None = None
+        self._ahead: MadeAhead[tuple[int, Any]] | None = None
+        #: Applied to each batch as it is made (on the helper thread when made ahead): torch's
+        #: wrapper sets ``torch.from_numpy`` here, so the tensor hand-over is off the loop's path too.
+        self.wrap_batch: Callable[[np.ndarray], Any] | None = None
         self._last_log = time.monotonic()
         self._cache_layout = CacheLayout(self.cache_config.directory)
 
@@ -167,6 +179,7 @@ class TokenIterator:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         if epoch != self._epoch:
+            self._stop_ahead()
             self._epoch, self._remainder, self._done = epoch, None, 0
             self._generation += 1
 
@@ -190,6 +203,7 @@ class TokenIterator:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         """The rest of the current epoch; when it is exhausted, the iterator moves to the next epoch."""
+        self._stop_ahead()
         self._generation += 1
         return self._stream(self._generation)
 
@@ -201,12 +215,40 @@ class TokenIterator:
         link = self._staging()
         plan = self._start_plan(link, order, piece, self._done)
         try:
-            yield from (self._batches if self.batches else self._samples)(generation, link, order, piece, plan)
+            if self.batches:
+                yield from self._counted(generation, self._batches(generation, link, order, piece, plan, self._done))
+            else:
+                yield from self._samples(generation, link, order, piece, plan)
         finally:
             if generation == self._generation:
                 self._cursor = None
         if generation == self._generation and self._done >= len(piece):
             self._epoch, self._remainder, self._done = epoch + 1, None, 0
+
+    def _counted(self, generation: int, batches: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+        """``batches`` (made ahead if asked), counted as they reach the consumer: its progress."""
+        source: Iterator[tuple[int, Any]] = batches
+        if self.make_ahead:
+            source = self._ahead = MadeAhead(batches, self.make_ahead)
+        try:
+            for rows, batch in source:
+                if generation != self._generation:
+                    break  # superseded: _check() in the making raises for the stream still iterated
+                self._done += rows
+                yield batch
+        finally:
+            if isinstance(source, MadeAhead):
+                source.close()
+                if self._ahead is source:
+                    self._ahead = None
+        if generation != self._generation:
+            self._check(generation)
+
+    def _stop_ahead(self) -> None:
+        """Stop the helper making batches for the current stream (before its position changes)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.close()
 
     def _positions(self, order: EpochOrder, piece: Slice, start: int) -> Iterator[tuple[list, list, list]]:
         for lo in range(start, len(piece), BLOCK):
@@ -229,13 +271,15 @@ class TokenIterator:
                 yield sample if convert is None else sample.astype(convert)
 
     def _batches(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
-                 plan: tuple[np.ndarray, np.ndarray]) -> Iterator[np.ndarray]:
+                 plan: tuple[np.ndarray, np.ndarray], start: int) -> Iterator[tuple[int, Any]]:
+        """(rows, batch) pairs: the batch as an array, or as ``wrap_batch`` makes it."""
         n, size = self.sample_spec.sample_len, self.layout.batch
         arrays: dict[int, np.ndarray] = {}
         window = -1
         out = np.empty((size, n), dtype=self.out_dtype)
         row = 0
-        for shards, offsets, windows in self._positions(order, piece, self._done):
+        wrap = self.wrap_batch
+        for shards, offsets, windows in self._positions(order, piece, start):
             self._check(generation)
             for shard, offset, w in zip(shards, offsets, windows):
                 if w != window:
@@ -243,13 +287,11 @@ class TokenIterator:
                 out[row] = arrays[shard][offset:offset + n]
                 row += 1
                 if row == size:
-                    self._done += size
-                    yield out
+                    yield size, out if wrap is None else wrap(out)  # counted when it reaches the consumer
                     out = np.empty((size, n), dtype=self.out_dtype)
                     row = 0
         if row:
-            self._done += row
-            yield out[:row]
+            yield row, out[:row] if wrap is None else wrap(out[:row])
 
     def _check(self, generation: int) -> None:
         """Per block of positions: refuse a superseded stream, log the stats when due."""
@@ -390,6 +432,7 @@ class TokenIterator:
         o = self.order_spec
         state.check(self.index.fingerprint, o.seed, o.shuffle, o.shuffle_window)
         remainder, done = state.resume(self.layout)
+        self._stop_ahead()
         self._epoch, self._remainder, self._done = state.epoch, remainder, done
         self._generation += 1
 
@@ -418,6 +461,7 @@ class TokenIterator:
 
     def close(self) -> None:
         """Stop staging for this iterator (the cache keeps what was staged). Idempotent."""
+        self._stop_ahead()
         if self._finalizer is not None:
             self._finalizer()
         self._link = None
@@ -430,5 +474,5 @@ class TokenIterator:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_link=None, _finalizer=None, _cursor=None)  # a copy stages through its own session
+        state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None)  # a copy stages through its own session
         return state

@@ -142,6 +142,26 @@ def test_resume_in_a_new_process_after_a_kill_equals_the_uninterrupted_stream(co
     assert first + second == whole
 
 
+def test_a_state_saved_while_batches_are_made_ahead_resumes_exactly(corpus, tmp_path):
+    data, _ = corpus
+    with make(str(data), str(tmp_path / "cache")) as it:
+        whole = [b[:, 0].tolist() for b in it]
+    with make(str(data), str(tmp_path / "cache")) as it:
+        first, queued = [], 0
+        for batch in it:
+            first.append(batch[:, 0].tolist())
+            time.sleep(0.004)  # the step's compute: the helper makes the next batches meanwhile
+            if len(first) == 12:
+                queued = len(it._ahead._ready) if it._ahead is not None else 0
+                state = it.state_dict()
+                break
+    assert queued > 0, "no batch was made ahead: the test would not test the state's accounting"
+    with make(str(data), str(tmp_path / "cache")) as it:
+        it.load_state_dict(state)
+        second = [b[:, 0].tolist() for b in it]
+    assert first + second == whole
+
+
 def test_a_cache_a_quarter_of_the_dataset_streams_an_epoch(tmp_path):
     lengths = [16384] * 48  # 64 KiB shards, 3 MiB in all
     manifest = write_counting_corpus(tmp_path / "data", lengths, block_size=16384)
