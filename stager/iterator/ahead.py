@@ -90,6 +90,8 @@ class MadeAhead(Generic[T]):
         if self._closed:
             return
         self._closed = True
+        if threading.current_thread() is self._helper:
+            return  # (a collection run on the helper itself): it may hold _making; it stops on its own
         with self._stop:
             self._stop.notify_all()
         with self._making:  # after this, the helper never touches the source again
@@ -97,8 +99,7 @@ class MadeAhead(Generic[T]):
             close = getattr(self._source, "close", None)
             if close is not None:
                 close()
-        if self._helper is not threading.current_thread():
-            self._helper.join(_JOIN_TIMEOUT)
+        self._helper.join(_JOIN_TIMEOUT)
 
     # -- the helper -------------------------------------------------------------------------------
 
