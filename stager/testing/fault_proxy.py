@@ -419,9 +419,15 @@ class FaultProxy:
                 chunk = chunk[: cut - sent]
             if chunk:
                 await self._limiter.consume(len(chunk), rate)
-                await response.write(chunk)
-                sent += len(chunk)
+                # counted before the write: the client may hold every byte (and the test read the
+                # counter) before this thread runs again after write() returns
                 self._count(down=len(chunk))
+                try:
+                    await response.write(chunk)
+                except BaseException:
+                    self._count(down=-len(chunk))
+                    raise
+                sent += len(chunk)
             if stops and sent >= cut:
                 return
 
