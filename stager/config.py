@@ -152,6 +152,9 @@ class CacheConfig:
     directory: Path = Path(DEFAULT_CACHE_DIR).expanduser()
     capacity: int | None = None
     capacity_share: float | None = 0.8
+    #: Write staged bytes with O_DIRECT, past the page cache (see stager/cache/direct.py); where the
+    #: filesystem refuses, writes go through the page cache whatever this says.
+    direct_writes: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", Path(self.directory).expanduser())

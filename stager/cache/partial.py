@@ -1,6 +1,7 @@
 """A blob being filled, block by block, then committed: :class:`PartialBlob`.
 
-Each block is written with ``pwrite`` at ``index * block_size``, made durable
+Each block is written at ``index * block_size`` (its whole pages with
+``O_DIRECT`` where the filesystem allows, see :mod:`.direct`), made durable
 with ``fdatasync`` (unless the caller opts out) and only then recorded as
 verified in the index, so the index never claims a byte that is not on disk.
 Threads may write different blocks of one blob at once. ``commit`` fsyncs the
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..errors import CacheError
 from ..hashing import block_count, block_range
+from .direct import DirectRefused
 from .fileio import os_error, pread_exact, pwritev_all
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ class PartialBlob:
     """
 
     def __init__(self, tier: "CacheTier", digest: str, size: int, block_size: int, gen: str | None,
-                 path: Path, fd: int, verified: set[int]) -> None:
+                 path: Path, fd: int, verified: set[int], direct_fd: int | None = None) -> None:
         self._tier = tier
         self.digest = digest
         self.size = size
@@ -42,6 +44,7 @@ class PartialBlob:
         self._gen = gen  # None: the blob is complete
         self.path = path
         self._fd: int | None = fd
+        self._direct_fd = direct_fd  # O_DIRECT, for the aligned pages of writes (None: all buffered)
         self._verified = verified
         self._lock = threading.Lock()
 
@@ -123,6 +126,13 @@ class PartialBlob:
                 return
         fd = self._require_fd()
         try:
+            direct_fd = self._direct_fd
+            if direct_fd is not None and (writer := self._tier._direct) is not None:
+                try:
+                    writer.write(direct_fd, fd, [memoryview(b).cast("B") for b in buffers], offset)
+                    return
+                except DirectRefused:
+                    self._tier._refuse_direct()
             pwritev_all(fd, buffers, offset)
         except OSError as exc:
             raise os_error(exc, f"writing block {index} of blob {self.digest} in {self._tier.directory}") from exc
@@ -186,6 +196,7 @@ class PartialBlob:
         fd = self._require_fd()
         path = self._tier._commit(self, fd, self._gen)
         self._gen = None
+        self._close_direct()
         self.path = path
         with self._lock:
             self._verified = set(range(self.block_count))
@@ -195,8 +206,14 @@ class PartialBlob:
         """Release the file handle (the partial blob stays in the cache, resumable)."""
         fd, self._fd = self._fd, None
         if fd is not None:
+            self._close_direct()
             os.close(fd)
             self._tier._forget_handle(self)
+
+    def _close_direct(self) -> None:
+        direct_fd, self._direct_fd = self._direct_fd, None
+        if direct_fd is not None:
+            os.close(direct_fd)
 
     def __enter__(self) -> "PartialBlob":
         return self

@@ -8,6 +8,7 @@ open the same directory at once.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from ..config import CacheConfig
 from ..errors import BlobTooLarge, CacheError, CacheFull
 from ..hashing import block_count
 from .blob_index import BlobIndex, BlobRow, Candidate, pack_block_digests
+from .direct import DirectWriter, open_direct
 from .eviction import Rank, VictimQueue
 from .fileio import os_error
 from .layout import check_digest, check_digests, fsync_dir, new_generation, open_layout
@@ -31,6 +33,8 @@ from .partial import PartialBlob
 from .reconcile import ReconcileReport, disk_charge, reconcile, repair_partial
 from .records import BlobRecord, BlobState, CacheUsage, DatasetSummary, VerifyReport
 from .verify import scrub
+
+log = logging.getLogger(__name__)
 
 _BEGIN_ATTEMPTS = 4  # reserve, evict, retry: another process may take the room we freed
 _TOUCH_BATCH = 4096
@@ -66,6 +70,7 @@ class CacheTier:
         self._touch_interval = touch_interval
         self._touch_flushed = time.monotonic()
         self._handles: weakref.WeakSet[PartialBlob] = weakref.WeakSet()
+        self._direct: DirectWriter | None = DirectWriter() if config.direct_writes else None
         self._victims = VictimQueue()
         self._evictions_lock = threading.Lock()
         self.evicted_blobs = 0  # blobs (and their bytes) this instance evicted, for metrics
@@ -249,7 +254,8 @@ class CacheTier:
 
     def _handle(self, digest: str, size: int, block_size: int, gen: str | None, path: Path, fd: int,
                 verified: set[int]) -> PartialBlob:
-        handle = PartialBlob(self, digest, size, block_size, gen, path, fd, verified)
+        direct_fd = open_direct(path) if gen is not None and self._direct is not None else None
+        handle = PartialBlob(self, digest, size, block_size, gen, path, fd, verified, direct_fd)
         self._handles.add(handle)
         return handle
 
@@ -337,6 +343,13 @@ class CacheTier:
             os.fchmod(fd, 0o644)
         except OSError:
             pass
+
+    def _refuse_direct(self) -> None:
+        """The filesystem refused a direct write: every later write of this tier goes buffered."""
+        if self._direct is not None:
+            self._direct = None
+            log.info("cache %s: the filesystem refuses O_DIRECT writes; writing through the page cache",
+                     self.directory)
 
     def _forget_handle(self, handle: PartialBlob) -> None:
         self._handles.discard(handle)

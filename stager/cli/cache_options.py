@@ -18,6 +18,14 @@ def cache_flags(fn: Callable) -> Callable:
     return fn
 
 
+def write_flags(fn: Callable) -> Callable:
+    """For commands that stage into the cache."""
+    return click.option("--direct-writes/--buffered-writes", default=True, show_default=True,
+                        envvar="STAGER_DIRECT_WRITES",
+                        help="Write staged bytes straight to the disk (O_DIRECT), not through the page cache "
+                             "(buffered where the filesystem refuses O_DIRECT).")(fn)
+
+
 def fetch_flags(fn: Callable) -> Callable:
     fn = click.option("--retry-deadline", type=float, default=RetryConfig().deadline, show_default=True,
                       envvar="STAGER_RETRY_DEADLINE",
@@ -30,9 +38,9 @@ def fetch_flags(fn: Callable) -> Callable:
     return fn
 
 
-def cache_config(cache_dir: str, capacity: str) -> CacheConfig:
+def cache_config(cache_dir: str, capacity: str, direct_writes: bool = True) -> CacheConfig:
     size, share = parse_fraction_or_size(capacity, what="--capacity")
-    return CacheConfig(directory=cache_dir, capacity=size, capacity_share=share)
+    return CacheConfig(directory=cache_dir, capacity=size, capacity_share=share, direct_writes=direct_writes)
 
 
 def fetch_config(concurrency: int, bandwidth: str | None, no_hedge: bool, retry_deadline: float,

@@ -10,7 +10,7 @@ import click
 
 from ..config import parse_size
 from . import cli
-from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags
+from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
 from .options import SIZE, source_config, storage_option_flag
 from .progress import run_async
 
@@ -21,6 +21,7 @@ from .progress import run_async
 @storage_option_flag()
 @cache_flags
 @fetch_flags
+@write_flags
 @click.option("-f", "--foreground", is_flag=True,
               help="Stay attached and serve until Ctrl-C, SIGTERM or an unmount (default: return once mounted).")
 @click.option("--readahead", type=SIZE, default="512MiB", show_default=True, envvar="STAGER_READAHEAD",
@@ -35,7 +36,7 @@ from .progress import run_async
 @click.option("--no-daemon", is_flag=True, help="Run the engine in the mount's process even when a daemon serves "
                                                 "the cache.")
 def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str, capacity: str,
-                  concurrency: int, bandwidth: str | None, no_hedge: bool, retry_deadline: float, foreground: bool,
+                  concurrency: int, bandwidth: str | None, no_hedge: bool, retry_deadline: float, direct_writes: bool, foreground: bool,
                   readahead: int, allow_other: bool, log_file: Path | None, socket_path: Path | None,
                   no_daemon: bool) -> None:
     """Mount SOURCE read-only at MOUNTPOINT, in the dataset's own layout, backed by the verified cache.
@@ -50,7 +51,7 @@ def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...]
 
     config = MountConfig(
         source=source_config(source, storage_option), mountpoint=mountpoint,
-        cache=cache_config(cache_dir, capacity),
+        cache=cache_config(cache_dir, capacity, direct_writes),
         fetch=fetch_config(concurrency, bandwidth, no_hedge, retry_deadline),
         readahead=ReadAheadConfig(window_bytes=parse_size(readahead, what="--readahead")),
         allow_other=allow_other, session="embedded" if no_daemon else "auto", socket=socket_path)

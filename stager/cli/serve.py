@@ -10,7 +10,7 @@ import click
 from ..config import FetchConfig
 from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, default_socket_path
 from . import cli
-from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags
+from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
 from .options import SIZE
 from .progress import run_async
 
@@ -18,6 +18,7 @@ from .progress import run_async
 @cli.command("serve")
 @cache_flags
 @fetch_flags
+@write_flags
 @click.option("--window", type=SIZE, default=FetchConfig().window_bytes, envvar="STAGER_WINDOW", show_default="2GiB",
               help="Default prefetch window ahead of each consumer's cursor (a plan may ask for another).")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False, path_type=Path), envvar="STAGER_SOCKET",
@@ -38,7 +39,7 @@ from .progress import run_async
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, expose_value=True,
               help="TOML config file (the same as `stager --config FILE serve`).")
 def serve_command(cache_dir: str, capacity: str, concurrency: int, bandwidth: str | None, no_hedge: bool,
-                  retry_deadline: float, window: int, socket_path: Path | None, socket_group: str | None,
+                  retry_deadline: float, direct_writes: bool, window: int, socket_path: Path | None, socket_group: str | None,
                   metrics_address: str | None, drain_timeout: float, lease: float, local_sources: bool,
                   config_file: str | None) -> None:
     """Run the node daemon: consumers on this node share its engine and cache through a Unix socket.
@@ -56,4 +57,4 @@ def serve_command(cache_dir: str, capacity: str, concurrency: int, bandwidth: st
                           metrics_address=metrics_address, drain_timeout=drain_timeout, lease=lease,
                           local_sources=local_sources)
     fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline, window_bytes=window)
-    run_async(run_daemon(daemon, cache_config(cache_dir, capacity), fetch))
+    run_async(run_daemon(daemon, cache_config(cache_dir, capacity, direct_writes), fetch))

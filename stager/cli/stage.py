@@ -23,7 +23,7 @@ from ..errors import BlobTooLarge, CacheFull, StagerError
 from ..hashing import block_range
 from ..session import EmbeddedSession, RemoteSession, Session, open_session
 from . import cli
-from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags
+from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
 from .options import SIZE, source_config, storage_option_flag
 from .progress import byte_progress, run_async
 
@@ -33,13 +33,14 @@ from .progress import byte_progress, run_async
 @storage_option_flag()
 @cache_flags
 @fetch_flags
+@write_flags
 @click.option("--limit", type=SIZE, default=None, help="Stage only the first shards (manifest order) up to this many bytes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), envvar="STAGER_SOCKET", default=None,
               help="The node daemon's socket (default: see `stager serve --help`); used when a daemon serves --cache.")
 @click.option("--no-daemon", is_flag=True, help="Run the engine in this process even when a daemon serves the cache.")
 def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str, capacity: str, concurrency: int,
-                  bandwidth: str | None, no_hedge: bool, retry_deadline: float, limit: int | None, as_json: bool,
+                  bandwidth: str | None, no_hedge: bool, retry_deadline: float, direct_writes: bool, limit: int | None, as_json: bool,
                   socket_path: str | None, no_daemon: bool) -> None:
     """Stage every shard of SOURCE into the cache, verifying each block against the manifest.
 
@@ -48,7 +49,7 @@ def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str, 
     When a node daemon (`stager serve`) serves the cache, it does the fetching.
     """
     fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline)
-    cache = cache_config(cache_dir, capacity)
+    cache = cache_config(cache_dir, capacity, direct_writes)
     session = open_session(cache, fetch, socket=socket_path, mode="embedded" if no_daemon else "auto")
     summary = run_async(_stage(source_config(source, storage_option), session, cache, limit, fetch.concurrency))
     if as_json:

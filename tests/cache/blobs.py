@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import random
 import stat
@@ -121,3 +123,18 @@ def check_invariants(tier: CacheTier) -> dict[str, int]:
     assert usage.used == sum(r.charged for r in rows), "running capacity total drifted"
     assert (usage.complete, usage.partial) == (counts["complete"], counts["partial"])
     return counts
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def resident_pages(path) -> tuple[int, int]:
+    """(pages of ``path`` in the page cache, pages in all), asked of the kernel with mincore(2)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        pages = -(-size // mmap.PAGESIZE)
+        vec = (ctypes.c_ubyte * pages)()
+        address = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
+        if _libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+        return sum(v & 1 for v in vec), pages

@@ -7,9 +7,12 @@ import random
 import signal
 import time
 
+import pytest
+
 from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig, FetchConfig
 from stager.manifest import MANIFEST_PATH
+from tests.cache.blobs import resident_pages
 from tests.engine.corpus import assert_cache_matches, make_corpus
 from stager.testing.fault_plan import FaultPlan
 
@@ -123,3 +126,23 @@ def test_dataset_larger_than_the_cache_is_refused_up_front(http_origin, tmp_path
                    "--capacity", str(manifest.total_bytes // 2), "--limit", str(manifest.total_bytes // 3), "--json"])
     assert limited.returncode == 0, limited.stderr
     assert 1 <= json.loads(limited.stdout)["blobs"] < 4
+
+
+def test_staged_shards_bypass_the_page_cache_unless_buffered_writes_are_asked(http_origin, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=3)
+    url = f"{http_origin.url}/corpus"
+    resident = {}
+    for flag in ("--direct-writes", "--buffered-writes"):
+        cache_dir = tmp_path / flag.strip("-")
+        run(stage_args(url, cache_dir, flag), check=True)
+        with CacheTier(CacheConfig(cache_dir, capacity=200 << 20)) as cache:
+            paths = [cache.complete_path(entry.digest) for entry in manifest]
+        counts = [resident_pages(path) for path in paths]
+        resident[flag] = (sum(r for r, _ in counts), sum(p for _, p in counts))
+        assert [path.read_bytes() for path in paths] == [
+            (http_origin.root / "corpus" / entry.path).read_bytes() for entry in manifest]
+    in_cache, pages = resident["--buffered-writes"]
+    if in_cache == 0:
+        pytest.skip("the kernel dropped the buffered copy's pages at once: nothing to compare with")
+    # whole pages went straight to the disk; at most each shard's last, partial page was buffered
+    assert resident["--direct-writes"][0] <= len(manifest) and in_cache == pages

@@ -1,0 +1,143 @@
+"""Writes that bypass the page cache (``O_DIRECT``), for the bytes a fetch stages.
+
+Staged bytes are written once and read later (often much later, or by another
+process), so copying them into the page cache on the way to the disk is pure
+cost: on the machines we measured, that copy was most of the CPU time of
+staging, more than receiving and hashing the bytes. A :class:`DirectWriter`
+copies the bytes into a page-aligned buffer of its thread (``O_DIRECT`` needs
+aligned memory, offsets and lengths) and writes them from there, straight to
+the disk.
+
+Only whole aligned pages go this way: the unaligned head and tail of a write
+(a blob's last bytes, blocks whose size is not a multiple of the page) go
+through the ordinary file descriptor. A page is therefore never written one way
+by one write and the other way by a concurrent one: writes never cross a block
+boundary, and a page that straddles one is always written through the page
+cache. Readers see the bytes either way; the kernel keeps direct writes and
+the page cache coherent.
+
+Where the filesystem refuses ``O_DIRECT`` (tmpfs on older kernels, some
+network filesystems), :func:`open_direct` returns None, or the first write
+fails with EINVAL; the caller then writes through the page cache.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+from typing import Sequence
+
+import numpy as np
+
+from .fileio import pwritev_all
+
+#: Alignment of memory, file offsets and lengths for direct writes (the largest logical block in use).
+ALIGN = 4096
+#: Size of each thread's aligned buffer; a larger write goes in several system calls.
+BUFFER_BYTES = 1 << 20
+
+_REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
+
+
+class DirectRefused(OSError):
+    """The filesystem refused a direct write (alignment or no ``O_DIRECT`` support): write buffered."""
+
+
+def open_direct(path: str | os.PathLike[str]) -> int | None:
+    """A write-only ``O_DIRECT`` descriptor on ``path``, or None where that cannot be had (no
+    ``O_DIRECT`` support, or any other error: the caller's ordinary descriptor then does the writing)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CLOEXEC | flag)
+    except OSError:
+        return None
+
+
+class DirectWriter:
+    """Writes the aligned middle of each write with ``O_DIRECT``; one aligned buffer per thread."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def _buffer(self) -> np.ndarray:
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            buffer = np.frombuffer(mmap.mmap(-1, BUFFER_BYTES), dtype=np.uint8)  # page-aligned
+            self._local.buffer = buffer
+        return buffer
+
+    def write(self, direct_fd: int, buffered_fd: int, buffers: Sequence[memoryview], offset: int) -> None:
+        """Write ``buffers`` one after the other from ``offset``: whole aligned pages through
+        ``direct_fd``, the unaligned head and tail (if any) through ``buffered_fd``.
+
+        Raises:
+            DirectRefused: the filesystem refused the direct write (nothing was written by it).
+            OSError: any other error (disk full, I/O error).
+        """
+        length = sum(view.nbytes for view in buffers)
+        first = -(-offset // ALIGN) * ALIGN  # the first aligned byte
+        last = (offset + length) // ALIGN * ALIGN  # the end of the last whole page
+        if last <= first:  # not one whole page: all through the page cache
+            pwritev_all(buffered_fd, buffers, offset)
+            return
+        head, middle, tail = _split(buffers, first - offset, last - offset)
+        if head:
+            pwritev_all(buffered_fd, head, offset)
+        self._write_aligned(direct_fd, buffered_fd, middle, first)
+        if tail:
+            pwritev_all(buffered_fd, tail, last)
+
+    def _write_aligned(self, fd: int, buffered_fd: int, views: list[memoryview], offset: int) -> None:
+        buffer = self._buffer()
+        filled = 0
+        for view in views:
+            source = np.frombuffer(view, dtype=np.uint8)
+            while source.size:
+                take = min(source.size, BUFFER_BYTES - filled)
+                buffer[filled:filled + take] = source[:take]  # numpy copies without holding the GIL
+                filled += take
+                source = source[take:]
+                if filled == BUFFER_BYTES:
+                    offset = self._flush(fd, buffered_fd, buffer, filled, offset)
+                    filled = 0
+        if filled:
+            self._flush(fd, buffered_fd, buffer, filled, offset)
+
+    @staticmethod
+    def _flush(fd: int, buffered_fd: int, buffer: np.ndarray, length: int, offset: int) -> int:
+        view = memoryview(buffer)[:length]
+        end = offset + length
+        while len(view):
+            try:
+                written = os.pwrite(fd, view, offset)
+            except OSError as exc:
+                if exc.errno in _REFUSED:
+                    raise DirectRefused(exc.errno, f"direct write refused: {exc.strerror}") from exc
+                raise
+            if written <= 0:  # pragma: no cover - pwrite reports errors by raising
+                raise OSError(errno.EIO, "direct write wrote nothing")
+            view = view[written:]
+            offset += written
+            if offset % ALIGN:  # a short write (the disk filling up): the rest, unaligned, goes buffered
+                pwritev_all(buffered_fd, [view], offset)  # and says why it cannot (ENOSPC) if it cannot
+                return end
+        return end
+
+
+def _split(buffers: Sequence[memoryview], cut1: int, cut2: int) -> tuple[list[memoryview], list[memoryview],
+                                                                          list[memoryview]]:
+    """``buffers`` (as one run of bytes) cut at ``cut1`` and ``cut2`` into three lists of views."""
+    parts: tuple[list[memoryview], list[memoryview], list[memoryview]] = ([], [], [])
+    at = 0
+    for view in buffers:
+        end = at + view.nbytes
+        for part, (low, high) in zip(parts, ((0, cut1), (cut1, cut2), (cut2, end))):
+            a, b = max(at, low), min(end, high)
+            if a < b:
+                part.append(view[a - at:b - at])
+        at = end
+    return parts
