@@ -28,6 +28,12 @@ class Run:
     returncode: int
     stdout: str = ""
     stderr: str = ""
+    flush_seconds: float = 0.0  # writing out the dirty pages it left, after it exited (with flush=True)
+
+    @property
+    def on_disk_seconds(self) -> float:
+        """Until what it wrote was on the disk: its wall time plus the writeback it left behind."""
+        return self.seconds + self.flush_seconds
 
 
 def tool(name: str) -> str | None:
@@ -55,11 +61,15 @@ def median_run(runs: Sequence[Run]) -> Run:
     return sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]
 
 
-def timed(name: str, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 3600) -> Run:
+def timed(name: str, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 3600,
+          flush: bool = False) -> Run:
     """Run a command: wall seconds, CPU seconds (wait4: the child and its waited children) and peak RSS.
 
     Dirty pages are written out first (``sync``), so no run pays for the
     writeback of what ran (or was generated) before it.
+
+    With ``flush``, the ``sync`` after it exits is timed too (``flush_seconds``):
+    a tool that leaves its output in dirty pages has not put it on the disk yet.
 
     Peak RSS is the child's own high-water mark (VmHWM), or the largest sum of
     the resident sizes of the child and its descendants sampled every 20 ms if
@@ -88,11 +98,15 @@ def timed(name: str, argv: Sequence[str], env: Mapping[str, str] | None = None, 
                 proc.kill()
             time.sleep(0.02)
         seconds = time.monotonic() - began
+        flush_seconds = 0.0
+        if flush:
+            os.sync()
+            flush_seconds = time.monotonic() - began - seconds
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         return Run(name, seconds, usage.ru_utime + usage.ru_stime, peak / 2**20, proc.returncode,
-                   out.read(), err.read())
+                   out.read(), err.read(), flush_seconds)
 
 
 def _high_water(pid: int) -> int:
