@@ -253,8 +253,8 @@ class CacheTier:
         return self._handle(digest, row.size, row.block_size, row.gen, path, fd, self._index.verified(digest))
 
     def _handle(self, digest: str, size: int, block_size: int, gen: str | None, path: Path, fd: int,
-                verified: set[int]) -> PartialBlob:
-        direct_fd = open_direct(path) if gen is not None and self._direct is not None else None
+                verified: set[int], *, writable: bool = True) -> PartialBlob:
+        direct_fd = open_direct(path) if writable and gen is not None and self._direct is not None else None
         handle = PartialBlob(self, digest, size, block_size, gen, path, fd, verified, direct_fd)
         self._handles.add(handle)
         return handle
@@ -279,7 +279,7 @@ class CacheTier:
                 raise os_error(exc, f"opening blob {digest}") from exc
             if verified is None:
                 verified = self._index.verified(digest)
-            return self._handle(digest, row.size, row.block_size, gen, path, fd, verified)
+            return self._handle(digest, row.size, row.block_size, gen, path, fd, verified, writable=False)
         return None
 
     def _record_block(self, handle: PartialBlob, index: int, durable: bool) -> None:

@@ -126,7 +126,11 @@ class TokenIterator:
             self.source = source
         else:
             self.source = SourceConfig(str(source), dict(storage_options or {}))
-        self.cache_config = CacheConfig(directory=Path(cache_dir or DEFAULT_CACHE_DIR), capacity=capacity)
+        # Written through the page cache: this process reads each blob moments after staging it, from
+        # memory then, and its maps read a file the writes brought in faster than one brought in by
+        # their own faults. (The CLI, the daemon and the mount write past the page cache.)
+        self.cache_config = CacheConfig(directory=Path(cache_dir or DEFAULT_CACHE_DIR), capacity=capacity,
+                                        direct_writes=False)
         self.fetch_config = fetch or FetchConfig()
         self.sample_spec = SampleSpec(seq_len, with_labels)
         self.order_spec = OrderSpec(seed, shuffle, shuffle_window)

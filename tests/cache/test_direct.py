@@ -74,6 +74,7 @@ def test_a_partial_blob_reads_back_direct_writes_and_its_buffered_tail(tmp_path)
                 partial.write_block(i, blob.block(i), durable=False)
                 assert partial.read_block(i) == blob.block(i)
             reader = tier.open_partial(blob.digest)
+            assert reader._direct_fd is None  # a reader's handle holds no descriptor to write with
             try:
                 assert [reader.read_block(i) for i in range(blob.block_count)] == \
                     [blob.block(i) for i in range(blob.block_count)]

@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -58,3 +60,41 @@ def test_wrong_dtype_and_garbage(tmp_path):
 def test_unknown_format():
     with pytest.raises(ConfigError, match="no token reader"):
         reader_for("shard.txt")
+
+
+def _pmd_mapped_kib(path) -> int:
+    """FilePmdMapped of this process's maps of ``path``, from /proc/self/smaps."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("FilePmdMapped:"):
+                total += int(line.split()[1])
+    return total
+
+
+def test_a_flat_shard_no_one_has_read_yet_is_mapped_in_huge_pages(tmp_path):
+    # A blob the cache wrote with O_DIRECT is in no page cache: the reader's faults bring it in.
+    # (A .npy reader reads the header first, and that read's readahead brings the file in.)
+    fmt = "bin"
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            if "[never]" in fh.read():
+                pytest.skip("transparent huge pages are off on this machine")
+    except OSError:
+        pytest.skip("no transparent huge pages here")
+    tokens = np.arange(8 << 20, dtype=np.uint16)  # 16 MiB
+    path = tmp_path / f"shard.{fmt}"
+    path.write_bytes(encode_shard(tokens, fmt))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache, as O_DIRECT leaves it
+    finally:
+        os.close(fd)
+    array = reader_for(path.name).open(path, path.name, "uint16", len(tokens))
+    assert int(array[::2048].astype(np.int64).sum()) == int(tokens[::2048].astype(np.int64).sum())
+    if _pmd_mapped_kib(path) == 0:
+        pytest.skip("this kernel's page cache gives this filesystem no huge pages")
+    assert _pmd_mapped_kib(path) >= 2048

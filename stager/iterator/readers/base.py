@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -45,3 +46,23 @@ def check_tokens(array: np.ndarray, name: str, dtype: str | None, tokens: int) -
     if dtype is not None and array.dtype.name != dtype:
         raise CorruptData(f"{name}: tokens are {array.dtype.name}, the manifest says {dtype}")
     return array
+
+
+def prefer_large_pages(mapped: "mmap.mmap | None") -> None:
+    """Let page faults on this map bring the file into the page cache in huge pages.
+
+    The cache may write blobs past the page cache (``O_DIRECT``), so the first
+    reader of a blob brings it in, through this map's page faults. Brought in
+    that way it lands in small pages, and every later process mapping the file
+    slices samples out of it up to 1.5x slower (measured) than out of a file
+    brought in by a read or a write. With ``MADV_HUGEPAGE`` the faults read
+    ahead in 2 MiB pages instead. Where the kernel declines (no transparent
+    huge pages), nothing changes.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if mapped is None or advice is None:
+        return
+    try:
+        mapped.madvise(advice)
+    except (OSError, ValueError):
+        pass

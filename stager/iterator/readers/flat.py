@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CorruptData, ManifestError
-from .base import ShardReader, check_tokens
+from .base import ShardReader, check_tokens, prefer_large_pages
 
 
 def map_file(path: Path, name: str) -> memoryview | bytes:
@@ -27,7 +27,9 @@ def map_file(path: Path, name: str) -> memoryview | bytes:
         with open(path, "rb") as fh:
             if fh.seek(0, 2) == 0:
                 return b""
-            return memoryview(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            prefer_large_pages(mapped)
+            return memoryview(mapped)
     except OSError as exc:
         raise CorruptData(f"{name}: cannot map the cached shard {path}: {exc.strerror}") from exc
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import CorruptData
-from .base import ShardReader, check_tokens
+from .base import ShardReader, check_tokens, prefer_large_pages
 
 
 class NpyReader(ShardReader):
@@ -21,6 +21,7 @@ class NpyReader(ShardReader):
         if mapped.dtype.hasobject or mapped.ndim != 1:
             raise CorruptData(f"{name}: a token .npy must hold a flat integer array, "
                               f"got {mapped.dtype} {mapped.shape}")
+        prefer_large_pages(getattr(mapped, "_mmap", None))
         # A plain ndarray view of the map: slicing a memmap subclass costs far more per sample.
         array = mapped.view(np.ndarray)
         if not array.dtype.isnative:
