@@ -38,6 +38,7 @@ from aiohttp import web
 from .web_thread import ThreadedWebServer
 
 _CHUNK = 256 * 1024
+_RECORDED = web.RequestKey("http_origin_recorded", bool)
 _LOG_LIMIT = 10_000
 
 
@@ -155,6 +156,11 @@ class HttpOrigin:
         return path if path == self.root or path.is_relative_to(self.root) else None
 
     def _record(self, request: web.Request, status: int) -> None:
+        """Log the request, before its client can have the whole answer: a test that reads
+        ``requests`` once its client is answered must find it there."""
+        if request.get(_RECORDED):
+            return
+        request[_RECORDED] = True
         with self._lock:
             self._log.append(
                 RequestRecord(request.method, request.path, request.headers.get("Range"), status)
@@ -165,7 +171,7 @@ class HttpOrigin:
         try:
             response = await self._respond(request)
             status = response.status
-            return response
+            return response  # a response not streamed yet: aiohttp sends it after this returns
         except web.HTTPException as exc:
             status = exc.status
             raise
@@ -204,6 +210,7 @@ class HttpOrigin:
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         response = web.StreamResponse(status=status, headers=headers)
         response.content_length = end - start + 1
+        self._record(request, status)
         await response.prepare(request)
         if request.method == "GET":
             await self._send_file(response, path, start, end - start + 1)
