@@ -63,7 +63,8 @@ def test_a_staged_blob_bypasses_the_page_cache(tmp_path):
             check_invariants(tier)
     if resident[False] == 0:
         pytest.skip("the kernel dropped the buffered copy's pages at once: nothing to compare with")
-    assert resident == {True: 0, False: pages}, f"pages in the page cache after staging, of {pages}"
+    assert resident[True] == 0, f"{resident[True]} of {pages} pages went through the page cache"
+    assert resident[False] > pages // 2  # the buffered copy shows the test can see resident pages
 
 
 def test_a_partial_blob_reads_back_direct_writes_and_its_buffered_tail(tmp_path):

