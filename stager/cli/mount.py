@@ -36,9 +36,9 @@ from .progress import run_async
 @click.option("--no-daemon", is_flag=True, help="Run the engine in the mount's process even when a daemon serves "
                                                 "the cache.")
 def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str, capacity: str,
-                  concurrency: int, bandwidth: str | None, no_hedge: bool, retry_deadline: float, direct_writes: bool, foreground: bool,
-                  readahead: int, allow_other: bool, log_file: Path | None, socket_path: Path | None,
-                  no_daemon: bool) -> None:
+                  concurrency: int, bandwidth: str | None, no_hedge: bool, retry_deadline: float,
+                  direct_writes: bool, foreground: bool, readahead: int, allow_other: bool, log_file: Path | None,
+                  socket_path: Path | None, no_daemon: bool) -> None:
     """Mount SOURCE read-only at MOUNTPOINT, in the dataset's own layout, backed by the verified cache.
 
     Staging goes through the node daemon when one serves --cache (`stager serve`), else through

@@ -39,9 +39,9 @@ from .progress import run_async
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, expose_value=True,
               help="TOML config file (the same as `stager --config FILE serve`).")
 def serve_command(cache_dir: str, capacity: str, concurrency: int, bandwidth: str | None, no_hedge: bool,
-                  retry_deadline: float, direct_writes: bool, window: int, socket_path: Path | None, socket_group: str | None,
-                  metrics_address: str | None, drain_timeout: float, lease: float, local_sources: bool,
-                  config_file: str | None) -> None:
+                  retry_deadline: float, direct_writes: bool, window: int, socket_path: Path | None,
+                  socket_group: str | None, metrics_address: str | None, drain_timeout: float, lease: float,
+                  local_sources: bool, config_file: str | None) -> None:
     """Run the node daemon: consumers on this node share its engine and cache through a Unix socket.
 
     TokenDataset, TokenIterator, the mount, `stager stage` and `stager status` find it

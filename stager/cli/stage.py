@@ -40,8 +40,8 @@ from .progress import byte_progress, run_async
               help="The node daemon's socket (default: see `stager serve --help`); used when a daemon serves --cache.")
 @click.option("--no-daemon", is_flag=True, help="Run the engine in this process even when a daemon serves the cache.")
 def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str, capacity: str, concurrency: int,
-                  bandwidth: str | None, no_hedge: bool, retry_deadline: float, direct_writes: bool, limit: int | None, as_json: bool,
-                  socket_path: str | None, no_daemon: bool) -> None:
+                  bandwidth: str | None, no_hedge: bool, retry_deadline: float, direct_writes: bool,
+                  limit: int | None, as_json: bool, socket_path: str | None, no_daemon: bool) -> None:
     """Stage every shard of SOURCE into the cache, verifying each block against the manifest.
 
     Exits 0 only when every requested shard is in the cache and verified. Safe to run
