@@ -27,6 +27,7 @@ stderr (``-v`` log) goes to ``<root's parent>/rclone-<port>.log`` for debugging.
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import os
 import shutil
@@ -39,6 +40,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -83,15 +85,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM the child if the parent dies (Linux prctl)."""
-    try:
-        import ctypes
+def _death_signal_setter() -> Callable[[], None] | None:
+    """A preexec_fn that SIGTERMs the child when its parent dies (Linux prctl).
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    libc and its prctl are looked up here, in the parent: the forked child then
+    only calls into C. Importing or loading a library between fork and exec can
+    deadlock on a lock another thread of the parent held at the fork.
+    """
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    sigterm = int(signal.SIGTERM)
+
+    def set_death_signal() -> None:
+        prctl(1, sigterm)  # PR_SET_PDEATHSIG
+
+    return set_death_signal
 
 
 def _listens_on(pid: int, port: int) -> bool:
@@ -207,7 +217,7 @@ class S3Server:
                     stderr=subprocess.STDOUT,
                     # PDEATHSIG fires when the *thread* that forked exits, so
                     # only use it from the main thread.
-                    preexec_fn=_die_with_parent if in_main else None,
+                    preexec_fn=_death_signal_setter() if in_main else None,
                 )
             if self._wait_ready(proc, port):
                 self._proc, self.port, self.log_path = proc, port, log_path

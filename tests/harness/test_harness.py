@@ -435,6 +435,7 @@ def test_proxy_threads_stop(origin):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
+@pytest.mark.timeout(120)
 def test_fixtures_clean_up_after_a_failing_test(tmp_path):
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.harness.fixtures"]\n')
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(f"""
@@ -458,7 +459,37 @@ def test_fixtures_clean_up_after_a_failing_test(tmp_path):
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "-p", "no:hypothesispytest",  # its import alone takes seconds
          "-o", "asyncio_default_fixture_loop_scope=function",
+         # Its own temp root: a numbered one would also prune other runs' dirs.
+         "--basetemp", str(tmp_path / "inner-tmp"),
+         # A hang inside prints every thread's stack into `result` below.
+         "--timeout", "60", "--timeout-method", "thread",
          "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
-        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path,
     )
     assert "1 failed, 1 passed" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_sigkilled_test_process_takes_its_rclone_server_with_it(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, threading, time
+        from stager.testing.s3server import S3Server
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        server = S3Server({str(tmp_path / "root")!r})
+        print(server.pid, flush=True)
+        time.sleep(60)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        rclone_pid = int(owner.stdout.readline())
+        assert psutil.pid_exists(rclone_pid)
+        rclone = psutil.Process(rclone_pid)
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+    try:
+        rclone.wait(timeout=20)
+    except psutil.TimeoutExpired:
+        rclone.kill()
+        pytest.fail("rclone outlived the process that started it")
