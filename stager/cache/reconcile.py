@@ -127,8 +127,7 @@ def _reconcile_shard(index: BlobIndex, layout: CacheLayout, shard: str, prefix: 
                      report: ReconcileReport) -> None:
     try:
         entries = list(os.scandir(shard))
-    except FileNotFoundError:
-        os.makedirs(shard, exist_ok=True)
+    except FileNotFoundError:  # made by the first commit that needs it
         return
     for entry in entries:
         name = entry.name

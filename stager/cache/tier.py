@@ -26,7 +26,7 @@ from .blob_index import BlobIndex, BlobRow, Candidate, pack_block_digests
 from .direct import DirectWriter, open_direct
 from .eviction import Rank, VictimQueue
 from .fileio import os_error
-from .layout import check_digest, check_digests, fsync_dir, new_generation, open_layout
+from .layout import check_digest, check_digests, fsync_dir, make_shard_dir, new_generation, open_layout
 from .liveness import ProcessIdentity, boot_id, current_process, is_alive
 from .locks import BlobLock, LockTable, sweep_lock_files
 from .partial import PartialBlob
@@ -302,6 +302,7 @@ class CacheTier:
         try:
             os.fsync(fd)
             os.fchmod(fd, 0o444)  # before the rename: a file under blobs/ is never writable
+            make_shard_dir(self._layout, digest)
         except OSError as exc:
             raise os_error(exc, f"committing blob {digest}") from exc
         renamed = False

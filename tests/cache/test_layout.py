@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from pathlib import Path
 
 import pytest
 
-from stager.cache import CacheTier
+from stager.cache import BlobState, CacheTier
 from stager.cache.layout import FORMAT_FILE, CacheLayout, check_digest
 from stager.errors import CacheError
 
-from .blobs import config
+from .blobs import check_invariants, config, fill, make_blob
 
 
 def test_new_cache_gets_a_format_file(tmp_path):
     directory = tmp_path / "a" / "b"
     CacheTier(config(directory, 1 << 20)).close()
     assert (directory / FORMAT_FILE).read_text() == 'format = "stager-cache"\nversion = 1\n'
-    assert (directory / "blobs" / "ff").is_dir() and (directory / "partial").is_dir()
+    assert (directory / "blobs").is_dir() and (directory / "partial").is_dir()
+    assert os.listdir(directory / "blobs") == []  # a blob's shard directory is made by its first commit
+
+
+def test_a_commit_makes_its_shard_directory_and_a_restart_finds_the_blob(tmp_path):
+    directory = tmp_path / "cache"
+    blob = make_blob(100_000)
+    with CacheTier(config(directory, 1 << 20)) as tier:
+        path = fill(tier, blob)
+    assert path == directory / "blobs" / blob.digest[:2] / blob.digest and path.read_bytes() == blob.data
+    with CacheTier(config(directory, 1 << 20)) as tier:
+        assert tier.state(blob.digest) is BlobState.COMPLETE
+        check_invariants(tier)
 
 
 def test_unknown_format_version_is_refused_in_one_line(tmp_path):

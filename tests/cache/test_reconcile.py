@@ -37,6 +37,8 @@ def test_reconcile_removes_orphans_and_temporaries_and_drops_bad_rows(tmp_path):
     with open(paths[partial_short.digest], "r+b") as fh:
         fh.truncate(5)
     orphan = make_blob(8 * KiB, seed=99)
+    for shard in (orphan.digest[:2], "ab"):
+        (directory / "blobs" / shard).mkdir(exist_ok=True)
     (directory / "blobs" / orphan.digest[:2] / orphan.digest).write_bytes(orphan.data)
     (directory / "blobs" / "ab" / "tmpXYZ.part").write_bytes(b"temp")
     (directory / "partial" / f"{orphan.digest}.{new_generation()}").write_bytes(b"x")
@@ -74,6 +76,7 @@ def test_a_commit_interrupted_after_its_rename_is_promoted(tmp_path):
     # What commit does before its index update, then the process dies:
     src = tmp_path / "cache" / "partial" / f"{blob.digest}.{gen}"
     os.chmod(src, 0o444)
+    (tmp_path / "cache" / "blobs" / blob.digest[:2]).mkdir()
     os.rename(src, tmp_path / "cache" / "blobs" / blob.digest[:2] / blob.digest)
     with CacheTier(cfg) as tier:
         assert tier.last_reconcile.promoted == 1
@@ -90,6 +93,7 @@ def test_begin_promotes_without_a_restart(tmp_path):
             for i in partial.missing_blocks():
                 partial.write_block(i, blob.block(i))
         gen = tier._index.get(blob.digest).gen
+        tier.complete_path(blob.digest).parent.mkdir()
         os.rename(tmp_path / "cache" / "partial" / f"{blob.digest}.{gen}",
                   tier.complete_path(blob.digest))
         os.chmod(tier.complete_path(blob.digest), 0o444)
