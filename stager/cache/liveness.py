@@ -14,8 +14,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _HAVE_PROC = os.path.exists("/proc/self/stat")
 
@@ -54,6 +52,8 @@ def process_start(pid: int) -> int | None:
 
 
 def _psutil_start(pid: int) -> int | None:
+    import psutil  # only where /proc does not tell: not worth its import time elsewhere
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any, Mapping
@@ -252,6 +251,8 @@ class SpooledUpload(Upload):
         self._full = full
         self._ledger = ledger
         if spool is None:
+            import tempfile
+
             fd, spool = tempfile.mkstemp(prefix=SPOOL_PREFIX)
             os.close(fd)
         self._spool = spool

@@ -33,7 +33,6 @@ it as ``__cause__``; :func:`origin_error` walks the cause chain to find it.
 from __future__ import annotations
 
 import errno
-import http.client
 import socket
 import sys
 from contextlib import contextmanager
@@ -69,6 +68,13 @@ def _botocore() -> tuple[Any, Any] | None:
 def _aiohttp() -> Any:
     """aiohttp, if loaded (as botocore above: a process that never loaded it holds none of its errors)."""
     return sys.modules.get("aiohttp")
+
+
+def _is_http_client_cut(exc: BaseException) -> bool:
+    """A body cut short or a connection dropped, as the standard library's HTTP client says it
+    (imported only by clients that use it: if it is not loaded, ``exc`` cannot be one of its errors)."""
+    client = sys.modules.get("http.client")
+    return client is not None and isinstance(exc, (client.IncompleteRead, client.RemoteDisconnected))
 
 
 def _tls_error(exc: BaseException, what: str) -> OriginError | None:
@@ -169,7 +175,7 @@ def origin_error(exc: BaseException, what: str) -> OriginError | None:
         if isinstance(exc, (_boto.HTTPClientError, _boto.ConnectionError, _boto.IncompleteReadError,
                             _boto.ChecksumError, _ResponseParserError)):
             return TransientOriginError(f"{what}: {_describe(exc)}")
-    if isinstance(exc, (http.client.IncompleteRead, http.client.RemoteDisconnected, EOFError)):
+    if isinstance(exc, EOFError) or _is_http_client_cut(exc):
         return TransientOriginError(f"{what}: {_describe(exc)}")
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return TransientOriginError(f"{what}: timed out ({_describe(exc)})")
