@@ -3,10 +3,13 @@
 Staged bytes are written once and read later (often much later, or by another
 process), so copying them into the page cache on the way to the disk is pure
 cost: on the machines we measured, that copy was most of the CPU time of
-staging, more than receiving and hashing the bytes. A :class:`DirectWriter`
-copies the bytes into a page-aligned buffer of its thread (``O_DIRECT`` needs
-aligned memory, offsets and lengths) and writes them from there, straight to
-the disk.
+staging, more than receiving and hashing the bytes.
+
+``O_DIRECT`` needs aligned memory, offsets and lengths. A :class:`DirectWriter`
+writes the whole pages of a view whose address is congruent to its file
+offset modulo the page straight from the view (the HTTP client receives
+bodies so placed, see :mod:`stager.store.wire`), and copies the rest into a
+page-aligned buffer of its thread to write them from there.
 
 Only whole aligned pages go this way: the unaligned head and tail of a write
 (a blob's last bytes, blocks whose size is not a multiple of the page) go
@@ -31,12 +34,14 @@ from typing import Sequence
 
 import numpy as np
 
-from .fileio import pwritev_all
+from .fileio import IOV_MAX, pwritev_all
 
 #: Alignment of memory, file offsets and lengths for direct writes (the largest logical block in use).
 ALIGN = 4096
 #: Size of each thread's aligned buffer; a larger write goes in several system calls.
 BUFFER_BYTES = 1 << 20
+#: A view placed congruent to the file but holding fewer whole pages than this is copied anyway.
+DIRECT_FROM_VIEW = 64 * 1024
 
 _REFUSED = {errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
 
@@ -92,38 +97,64 @@ class DirectWriter:
             pwritev_all(buffered_fd, tail, last)
 
     def _write_aligned(self, fd: int, buffered_fd: int, views: list[memoryview], offset: int) -> None:
+        """Write ``views`` (whole pages from the aligned ``offset``) in one ``pwritev``: the pages of
+        a view placed congruent to the file straight from it, the rest copied into this thread's
+        aligned buffer (the pages that straddle two views, and views placed otherwise)."""
         buffer = self._buffer()
-        filled = 0
+        iov: list[memoryview] = []  # every entry page-aligned in memory and length
+        filled = 0  # bytes of the buffer in use
+        run = 0  # where the buffer's current run (not yet in ``iov``) begins
+        at = offset  # file offset of the next view
         for view in views:
             source = np.frombuffer(view, dtype=np.uint8)
+            if (source.ctypes.data - at) % ALIGN == 0:
+                first = -at % ALIGN  # the view's first and last page boundaries, relative to it
+                last = source.size - (at + source.size) % ALIGN
+                if last - first >= DIRECT_FROM_VIEW:
+                    buffer[filled:filled + first] = source[:first]  # completes the run's last page
+                    filled += first
+                    if filled > run:
+                        iov.append(memoryview(buffer)[run:filled])
+                    iov.append(view[first:last])
+                    run = filled
+                    source = source[last:]
+                    at += last
+            at += source.size
             while source.size:
                 take = min(source.size, BUFFER_BYTES - filled)
                 buffer[filled:filled + take] = source[:take]  # numpy copies without holding the GIL
                 filled += take
                 source = source[take:]
-                if filled == BUFFER_BYTES:
-                    offset = self._flush(fd, buffered_fd, buffer, filled, offset)
-                    filled = 0
-        if filled:
-            self._flush(fd, buffered_fd, buffer, filled, offset)
+                if filled == BUFFER_BYTES:  # full: write what is gathered, then use the buffer again
+                    iov.append(memoryview(buffer)[run:filled])
+                    offset = self._pwritev(fd, buffered_fd, iov, offset)
+                    iov, filled, run = [], 0, 0
+        if filled > run:
+            iov.append(memoryview(buffer)[run:filled])
+        if iov:
+            self._pwritev(fd, buffered_fd, iov, offset)
 
     @staticmethod
-    def _flush(fd: int, buffered_fd: int, buffer: np.ndarray, length: int, offset: int) -> int:
-        view = memoryview(buffer)[:length]
-        end = offset + length
-        while len(view):
+    def _pwritev(fd: int, buffered_fd: int, iov: list[memoryview], offset: int) -> int:
+        """Write ``iov`` (whole pages) at ``offset`` (aligned) with ``O_DIRECT``; the offset after it."""
+        end = offset + sum(len(view) for view in iov)
+        while iov:
             try:
-                written = os.pwrite(fd, view, offset)
+                written = os.pwritev(fd, iov[:IOV_MAX], offset)
             except OSError as exc:
                 if exc.errno in _REFUSED:
                     raise DirectRefused(exc.errno, f"direct write refused: {exc.strerror}") from exc
                 raise
-            if written <= 0:  # pragma: no cover - pwrite reports errors by raising
+            if written <= 0:  # pragma: no cover - pwritev reports errors by raising
                 raise OSError(errno.EIO, "direct write wrote nothing")
-            view = view[written:]
             offset += written
-            if offset % ALIGN:  # a short write (the disk filling up): the rest, unaligned, goes buffered
-                pwritev_all(buffered_fd, [view], offset)  # and says why it cannot (ENOSPC) if it cannot
+            while iov and written >= len(iov[0]):
+                written -= len(iov[0])
+                iov = iov[1:]
+            if written:
+                iov[0] = iov[0][written:]
+            if iov and offset % ALIGN:  # a short write (the disk filling up): the rest, unaligned, goes buffered
+                pwritev_all(buffered_fd, iov, offset)  # and says why it cannot (ENOSPC) if it cannot
                 return end
         return end
 

@@ -10,7 +10,7 @@ from typing import Sequence
 from ..errors import CacheError, CacheFull
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
-_IOV_MAX = 1024  # buffers per pwritev (the Linux limit)
+IOV_MAX = 1024  # buffers per pwritev (the Linux limit)
 
 
 def pwritev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], offset: int) -> None:
@@ -18,7 +18,7 @@ def pwritev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], offs
     views = [memoryview(b).cast("B") for b in buffers]
     views = [v for v in views if v.nbytes]
     while views:
-        written = os.pwritev(fd, views[:_IOV_MAX], offset)
+        written = os.pwritev(fd, views[:IOV_MAX], offset)
         if written <= 0:  # pragma: no cover - pwritev reports errors by raising
             raise OSError(errno.EIO, "pwritev wrote nothing")
         offset += written

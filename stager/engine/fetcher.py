@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
 import xxhash
 
 from ..cache import BlobState
+from ..cache.direct import ALIGN as DIRECT_ALIGN
 from ..errors import CacheError, CorruptData, StagerError
 from ..hashing import block_digest, block_range
 from ..store import RangeSink
@@ -473,10 +474,20 @@ class BlobJob:
                     block.future.set_exception(exc)
             raise
 
+
 #: Bytes of a streaming request gathered (within one block) before they go to a disk thread in one pwritev.
 WRITE_BATCH = 1 << 20
 #: Batches of one request on their way to the disk at once; the next chunk waits for room.
 WRITES_IN_FLIGHT = 2
+
+
+def _cut_views(views: list[memoryview], at: int) -> tuple[list[memoryview], list[memoryview]]:
+    """``views`` (one run of bytes) as the views of its first ``at`` bytes and those of the rest."""
+    for i, view in enumerate(views):
+        if at < len(view):
+            return [*views[:i], view[:at]] if at else views[:i], [view[at:], *views[i + 1:]]
+        at -= len(view)
+    return views, []
 
 
 class _SpanWriter(RangeSink):
@@ -532,22 +543,30 @@ class _SpanWriter(RangeSink):
             if self._offset == self._block_end:
                 self._end_block()
             elif self._batch_bytes >= WRITE_BATCH:
-                self._send_batch()
+                self._send_batch(keep_partial_page=True)
             while len(self._writes) > WRITES_IN_FLIGHT:
                 if self._writes[0].done():
                     self._writes.popleft().result()  # its error (disk full) ends the attempt
                 else:
                     await asyncio.shield(self._writes[0])
 
-    def _send_batch(self) -> None:
-        if self._batch:
+    def _send_batch(self, keep_partial_page: bool = False) -> None:
+        """Write the batch; inside a block, the bytes past its last page boundary wait for the next
+        batch (a batch then ends on a page boundary, so all its pages may go ``O_DIRECT``)."""
+        batch, nbytes, rest = self._batch, self._batch_bytes, []
+        if keep_partial_page:
+            keep = (self._batch_at + nbytes) % DIRECT_ALIGN
+            if keep < nbytes:
+                batch, rest = _cut_views(batch, nbytes - keep)
+                nbytes -= keep
+        if batch:
             write = self._engine.start_in_disk_thread(
-                self._partial.write_into_block, self._index, self._batch_at, self._batch)
+                self._partial.write_into_block, self._index, self._batch_at, batch)
             self._writes.append(write)
             self._block_writes.append(write)
-            self._batch_at += self._batch_bytes
-            self._batch = []
-            self._batch_bytes = 0
+            self._batch_at += nbytes
+            self._batch = rest
+            self._batch_bytes -= nbytes
 
     def _end_block(self) -> None:
         index = self._index

@@ -8,6 +8,14 @@ so a consumer may keep what it is given. A general client (aiohttp) copies
 each byte twice into new ``bytes`` before we see it, and costs a fifth of a
 second to import, about a tenth of staging a gigabyte.
 
+The buffers are page-aligned, and a body of known length is received so that
+its byte ``k`` sits at an address congruent to ``k`` modulo :data:`PAGE`
+(a few bytes of a buffer are skipped to get there). A body asked for from an
+aligned offset of a file can then be written to that file with ``O_DIRECT``
+straight from the views handed on, without a copy (see
+:mod:`stager.cache.direct`). Only the body bytes that arrive with the headers
+are not placed so; the first read of an answer is kept short for that reason.
+
 What object stores need and no more: one request at a time per connection,
 kept alive and pooled per origin; bodies by ``Content-Length``, chunked, or
 until the connection closes; redirects for GET and HEAD when asked; TLS
@@ -23,6 +31,7 @@ reset, early close or malformed answer is a :class:`ConnectionError`
 from __future__ import annotations
 
 import asyncio
+import mmap
 import socket
 import sys
 from collections import deque
@@ -35,6 +44,10 @@ if TYPE_CHECKING:
 #: Size of each receive buffer; a new one is started when less than MIN_RECV is left.
 RECV_BUFFER = 1 << 20
 MIN_RECV = 64 * 1024
+#: Body bytes are placed at addresses congruent to their offset in the body modulo this.
+PAGE = mmap.PAGESIZE
+#: The most read while the answer's headers are awaited (the body bytes read with them are not aligned).
+HEAD_RECV = 8 * 1024
 #: Longest status line plus headers, and longest chunk-size or trailer line, accepted.
 MAX_HEAD = 64 * 1024
 MAX_LINE = 8 * 1024
@@ -158,7 +171,19 @@ class Response:
 
     # -- receiving (called by the connection) ------------------------------------------------
 
-    def feed(self, buffer: bytearray, pos: int, end: int) -> None:
+    @property
+    def body_offset(self) -> int | None:
+        """Body bytes received so far, while the body of known length arrives; else None."""
+        if self._state == _LENGTH:
+            assert self.content_length is not None
+            return self.content_length - self._remaining
+        return None
+
+    @property
+    def awaiting_head(self) -> bool:
+        return self._state == _HEAD
+
+    def feed(self, buffer: mmap.mmap, pos: int, end: int) -> None:
         """Parse ``buffer[pos:end]``, just received."""
         self.started = True
         try:
@@ -189,7 +214,7 @@ class Response:
             self.reusable = False
         self._wake()
 
-    def _feed_head(self, buffer: bytearray, pos: int, end: int) -> int:
+    def _feed_head(self, buffer: mmap.mmap, pos: int, end: int) -> int:
         before = len(self._head)
         self._head += memoryview(buffer)[pos:end]
         at = self._head.find(b"\r\n\r\n", max(0, before - 3))
@@ -249,7 +274,7 @@ class Response:
         if not self._head_done.done():
             self._head_done.set_result(None)
 
-    def _feed_line(self, buffer: bytearray, pos: int, end: int) -> int:
+    def _feed_line(self, buffer: mmap.mmap, pos: int, end: int) -> int:
         newline = buffer.find(b"\n", pos, end)
         stop = end if newline < 0 else newline + 1
         self._line += memoryview(buffer)[pos:stop]
@@ -273,7 +298,7 @@ class Response:
             self._finish()
         return stop
 
-    def _push(self, buffer: bytearray, start: int, end: int) -> None:
+    def _push(self, buffer: mmap.mmap, start: int, end: int) -> None:
         if start == end:
             return
         last = self._chunks[-1] if self._chunks else None
@@ -327,22 +352,23 @@ class BufferPool:
     done), so a buffer cannot simply be returned after use. Instead it is
     taken again when its reference count says that no view, and nothing
     else, holds it. A new buffer would cost as much as the receiving itself:
-    the allocator hands back fresh pages, zeroed and faulted in one by one.
+    the kernel hands back fresh pages, zeroed and faulted in one by one.
+    Buffers are anonymous memory maps, so they start on a page boundary.
     """
 
     def __init__(self, size: int = RECV_BUFFER, keep: int = 64) -> None:
         self.size = size
         self._keep = keep
-        self._buffers: deque[bytearray] = deque()
+        self._buffers: deque[mmap.mmap] = deque()
 
-    def take(self) -> bytearray:
+    def take(self) -> mmap.mmap:
         buffers = self._buffers
-        for _ in range(min(4, len(buffers))):  # the oldest are the likeliest to be free
+        for _ in range(len(buffers)):  # the oldest first: the likeliest to be free
             buffer = buffers[0]
             buffers.rotate(-1)
             if sys.getrefcount(buffer) <= 3:  # the deque, ``buffer`` and getrefcount's argument
                 return buffer
-        buffer = bytearray(self.size)
+        buffer = mmap.mmap(-1, self.size)
         if len(buffers) < self._keep:
             buffers.append(buffer)
         return buffer
@@ -355,7 +381,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._pool = pool
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self._buffer = bytearray()
+        self._buffer: mmap.mmap | bytearray = bytearray()
         self._filled = 0
         self._response: Response | None = None
         self._paused = False
@@ -377,11 +403,20 @@ class _Connection(asyncio.BufferedProtocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if len(self._buffer) - self._filled < MIN_RECV:
+        response = self._response
+        body_offset = response.body_offset if response is not None else None
+        # Bytes skipped so that body byte k lands at an address congruent to k modulo PAGE.
+        skip = (body_offset - self._filled) % PAGE if body_offset is not None else 0
+        if len(self._buffer) - self._filled - skip < MIN_RECV:
             # Never the rest of a buffer given up: views of what it holds may still be kept.
             self._buffer = self._pool.take()
             self._filled = 0
-        return memoryview(self._buffer)[self._filled:]
+            skip = body_offset % PAGE if body_offset is not None else 0
+        self._filled += skip
+        view = memoryview(self._buffer)[self._filled:]
+        if response is None or response.awaiting_head:
+            return view[:HEAD_RECV]
+        return view
 
     def buffer_updated(self, nbytes: int) -> None:
         start = self._filled

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import random
 
+import numpy as np
 import pytest
 
 from stager.cache import BlobState, CacheTier
@@ -52,6 +54,37 @@ def test_every_byte_lands_at_its_offset(direct_file, offset, pieces):
     assert path.read_bytes() == expected
 
 
+def test_views_placed_congruent_to_the_file_are_written_in_place_in_one_call(direct_file, monkeypatch):
+    path, direct_fd, buffered_fd = direct_file
+    source = mmap.mmap(-1, 4 * MiB)  # page-aligned, like the HTTP client's receive buffers
+    source.write(random.Random(3).randbytes(4 * MiB))
+    offset = 5 * ALIGN
+    # As received: a first piece placed anywhere (it came with the answer's headers), then pieces
+    # congruent to the file, one ending inside a page (the receive buffer changed there).
+    first = memoryview(bytes(source[100:100 + 3000]))
+    at = offset + 3000
+    second = memoryview(source)[at % ALIGN + ALIGN:at % ALIGN + ALIGN + 700_001]
+    at += 700_001
+    third = memoryview(source)[2 * MiB + at % ALIGN:2 * MiB + at % ALIGN + 400_000]
+    calls = []
+    real_pwritev = os.pwritev
+
+    def record(fd, buffers, where):
+        if fd == direct_fd:
+            calls.append([np.frombuffer(b, dtype=np.uint8).ctypes.data for b in buffers])
+        return real_pwritev(fd, buffers, where)
+
+    monkeypatch.setattr(os, "pwritev", record)
+    before = path.read_bytes()
+    DirectWriter().write(direct_fd, buffered_fd, [first, second, third], offset)
+    joined = bytes(first) + bytes(second) + bytes(third)
+    assert path.read_bytes() == before[:offset] + joined + before[offset + len(joined):]
+    assert len(calls) == 1  # every whole page of the write in one system call
+    base = np.frombuffer(source, dtype=np.uint8).ctypes.data
+    in_place = [a for a in calls[0] if base <= a < base + len(source)]
+    assert len(in_place) == 2  # the second and third pieces' pages were not copied
+
+
 def test_a_staged_blob_bypasses_the_page_cache(tmp_path):
     blob = make_blob(4 * MiB, block_size=MiB, seed=5)
     resident = {}
@@ -88,14 +121,14 @@ def test_a_partial_blob_reads_back_direct_writes_and_its_buffered_tail(tmp_path)
 
 def test_a_filesystem_refusing_direct_writes_gets_buffered_writes(tmp_path, monkeypatch, caplog):
     blob = make_blob(3 * MiB, block_size=MiB, seed=7)
-    real_pwrite = os.pwrite
+    real_pwritev = os.pwritev
 
-    def refuse(fd, data, offset):
+    def refuse(fd, buffers, offset):
         if fcntl.fcntl(fd, fcntl.F_GETFL) & getattr(os, "O_DIRECT", 0):
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-        return real_pwrite(fd, data, offset)
+        return real_pwritev(fd, buffers, offset)
 
-    monkeypatch.setattr(os, "pwrite", refuse)
+    monkeypatch.setattr(os, "pwritev", refuse)
     with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 * MiB)) as tier:
         with caplog.at_level("INFO", logger="stager.cache.tier"):
             path = fill(tier, blob, durable=False)

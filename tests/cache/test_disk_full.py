@@ -79,8 +79,7 @@ def test_injected_enospc_on_write_and_on_sync(tmp_path, monkeypatch):
         def no_space(*args):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        monkeypatch.setattr(os, "pwritev", no_space)  # writes through the page cache
-        monkeypatch.setattr(os, "pwrite", no_space)  # direct writes
+        monkeypatch.setattr(os, "pwritev", no_space)  # direct writes and those through the page cache
         with pytest.raises(CacheFull, match=f"block 1 of blob {blob.digest}"):
             partial.write_block(1, blob.block(1))
         monkeypatch.undo()

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
 
 from stager.cache import BlobState, CacheTier
+from stager.cache.direct import ALIGN, open_direct
 from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from stager.engine import Engine
 from stager.errors import AccessDenied, OriginChanged, OriginUnavailable, ShardNotFound
 from stager.testing.fault_plan import FaultPlan
+from stager.write import generate_corpus
 
+from ..cache.blobs import resident_pages
 from .corpus import BLOCK, assert_cache_matches, make_corpus
 
 FAST_RETRY = RetryConfig(attempts=50, backoff_base=0.01, backoff_max=0.1, deadline=30, request_timeout=5)
@@ -168,3 +172,24 @@ async def test_many_waiters_share_one_fetch(http_origin, fault_proxy, tmp_path):
             paths = await asyncio.gather(*(engine.ensure(dataset.ref(0)) for _ in range(20)))
             assert len(set(paths)) == 1
             assert proxy.bytes_forwarded - before == manifest.total_bytes
+
+
+async def test_streamed_blocks_are_written_past_the_page_cache(http_origin, tmp_path):
+    """Blocks larger than a write batch arrive in several batches; each must end on a page boundary,
+    or the page it splits would be written through the page cache (twice, by two threads)."""
+    root = http_origin.root / "big"
+    manifest = generate_corpus(root, shards=2, tokens_per_shard=3 << 20, seed=4, block_size=4 << 20, jitter=0.1)
+    source = SourceConfig(f"{http_origin.url}/big")
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20, direct_writes=True)) as cache:
+        async with Engine(cache, fetch_config(request_bytes=8 << 20)) as engine:
+            await asyncio.wait_for(stage_all(engine, source), 60)
+        probe = tmp_path / "probe"  # on the same file system as the cache
+        probe.touch()
+        if (fd := open_direct(probe)) is None:
+            pytest.skip("this filesystem has no O_DIRECT")
+        os.close(fd)
+        for entry in manifest:  # before anything reads the files
+            resident, pages = resident_pages(cache.complete_path(entry.digest))
+            # Only the blob's last, partial page goes through the page cache.
+            assert resident <= (1 if entry.size % ALIGN else 0), f"{resident} of {pages} pages were buffered"
+        assert_cache_matches(cache, manifest, root)

@@ -9,12 +9,13 @@ import ssl
 import subprocess
 from typing import Awaitable, Callable
 
+import numpy as np
 import pytest
 import uvloop
 
 from stager.errors import OriginError, TransientOriginError
 from stager.store.translate import origin_error
-from stager.store.wire import HIGH_WATER, RECV_BUFFER, ProtocolError, RedirectLoop, WireSession
+from stager.store.wire import HEAD_RECV, HIGH_WATER, PAGE, RECV_BUFFER, ProtocolError, RedirectLoop, WireSession
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -289,6 +290,37 @@ async def test_kept_body_views_are_never_overwritten_by_later_answers():
         finally:
             await session.close()
     assert [b"".join(views) for views in kept] == bodies
+
+
+async def test_body_bytes_are_placed_congruent_to_their_offset_for_direct_writes():
+    """Body byte k sits at an address congruent to k modulo the page, except what came with the headers."""
+    bodies = [os.urandom(n) for n in (5 * RECV_BUFFER + 4321, 123_457, 2 * RECV_BUFFER)]
+
+    async def handler(reader, writer, n):
+        for body in bodies:
+            await read_request(reader)
+            writer.write(answer(body))
+            await writer.drain()
+            await asyncio.sleep(0.01)  # the next answer's head in a read of its own, as from an object store
+
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            for body in bodies:
+                async with session.get(server.url) as resp:
+                    at, placed, views = 0, 0, []
+                    while chunk := (await resp.readchunk())[0]:
+                        address = np.frombuffer(chunk, dtype=np.uint8).ctypes.data
+                        if (address - at) % PAGE == 0:
+                            placed += len(chunk)
+                        else:
+                            assert at < HEAD_RECV, f"bytes {at}.. of the body are not placed for a direct write"
+                        views.append(chunk)
+                        at += len(chunk)
+                assert b"".join(views) == body
+                assert placed >= len(body) - HEAD_RECV
+        finally:
+            await session.close()
 
 
 async def test_a_slow_reader_pauses_the_socket_instead_of_buffering_the_body():
