@@ -35,6 +35,7 @@ from ..hashing import block_range
 from ..manifest import Manifest
 from ..store import OriginStats
 from .dataset import BlobRef, Dataset
+from .disk_threads import DiskThreads
 from .fetcher import BlobJob
 from .gate import PriorityGate
 from .hedging import LatencyTracker
@@ -72,7 +73,7 @@ class Engine:
         self._job_tasks: set[asyncio.Task] = set()  # also jobs that left the table and are closing their blob
         self._plans: list[Plan] = []
         self._datasets: dict[str, Dataset] = {}
-        self._disk = ThreadPoolExecutor(max_workers=min(8, max(2, config.concurrency // 2)), thread_name_prefix="stager-disk")
+        self._disk = DiskThreads(min(8, max(2, config.concurrency // 2)), "stager-disk")
         self.lock_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="stager-lock")
         self._block_listeners: list[Callable[[BlobRef, int], None]] = []
         self._closed = False
@@ -239,8 +240,7 @@ class Engine:
         Await it through :func:`asyncio.shield` (or not at all) when the caller may be
         cancelled: cancelling this future would not stop the thread, only hide when it ends.
         """
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._disk, functools.partial(fn, *args, **kwargs))
+        return self._disk.start(fn, *args, **kwargs)
 
     def add_block_listener(self, listener: Callable[[BlobRef, int], None]) -> None:
         """Call ``listener(ref, nbytes)`` for every verified block written (progress bars, metrics)."""
@@ -263,5 +263,5 @@ class Engine:
         await asyncio.gather(*tasks, return_exceptions=True)
         for dataset in self._datasets.values():
             await dataset.close()
-        self._disk.shutdown(wait=True)
+        self._disk.shutdown()
         self.lock_waiters.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,115 @@
+"""The engine's disk threads: outcomes reach the loop, jobs always run, shutdown drains the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import pytest
+
+from stager.engine.disk_threads import DiskThreads
+
+
+@pytest.fixture
+def threads():
+    pool = DiskThreads(4, "test-disk")
+    yield pool
+    pool.shutdown()
+
+
+async def test_results_and_errors_reach_their_futures(threads):
+    def work(i: int) -> int:
+        if i % 7 == 3:
+            raise OSError(i, "disk said no")
+        return i * i
+
+    futures = [threads.start(work, i) for i in range(500)]
+    outcomes = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 30)
+    for i, outcome in enumerate(outcomes):
+        if i % 7 == 3:
+            assert isinstance(outcome, OSError) and outcome.errno == i
+        else:
+            assert outcome == i * i
+
+
+async def test_jobs_run_on_the_workers_not_on_the_loop(threads):
+    loop_thread = threading.get_ident()
+    idents = await asyncio.wait_for(asyncio.gather(*(threads.start(threading.get_ident) for _ in range(50))), 30)
+    assert loop_thread not in idents
+    assert {t.name.startswith("test-disk") for t in threading.enumerate() if t.ident in set(idents)} == {True}
+
+
+async def test_a_cancelled_future_does_not_stop_its_job_and_shield_sees_it_end(threads):
+    release = threading.Event()
+    done = []
+
+    def slow() -> str:
+        release.wait(10)
+        done.append(True)
+        return "written"
+
+    job = threads.start(slow)
+    waiter = asyncio.ensure_future(asyncio.shield(job))
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    release.set()
+    assert await asyncio.wait_for(job, 10) == "written" and done == [True]
+
+
+async def test_completions_arriving_together_wake_the_loop_once(threads, monkeypatch):
+    loop = asyncio.get_running_loop()
+    wakes = []
+    real = loop.call_soon_threadsafe
+
+    def counting(callback, *args):
+        wakes.append(callback)
+        return real(callback, *args)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    gate = threading.Event()
+    futures = [threads.start(gate.wait, 10) for _ in range(4)]
+    extra = [threads.start(time.sleep, 0) for _ in range(200)]
+    time.sleep(0.2)  # the loop is busy (blocked here) while the quick jobs finish
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*futures, *extra), 30)
+    assert 1 <= len(wakes) < 50  # batched, not one wake-up per job
+
+
+def test_shutdown_lets_queued_jobs_finish_and_refuses_new_ones(caplog):
+    pool = DiskThreads(2, "test-drain")
+    ran = []
+    for i in range(20):
+        pool.submit(lambda i=i: (time.sleep(0.005), ran.append(i)))
+    pool.submit(lambda: 1 / 0)
+    with caplog.at_level(logging.ERROR, logger="stager.engine.disk_threads"):
+        pool.shutdown()
+    assert sorted(ran) == list(range(20))
+    assert "division by zero" in caplog.text
+    assert not any(t.name.startswith("test-drain") for t in threading.enumerate())
+
+    async def after() -> None:
+        with pytest.raises(RuntimeError, match="shut down"):
+            pool.start(time.sleep, 0)
+
+    asyncio.run(after())
+
+
+def test_a_job_whose_loop_closed_meanwhile_does_not_kill_its_worker():
+    pool = DiskThreads(1, "test-closed")
+    release = threading.Event()
+
+    async def leave_a_job_behind() -> None:
+        pool.start(release.wait, 10)
+
+    asyncio.run(leave_a_job_behind())  # the loop is closed while the job still runs
+    release.set()
+
+    async def still_working() -> int:
+        return await asyncio.wait_for(pool.start(lambda: 42), 10)
+
+    try:
+        assert asyncio.run(still_working()) == 42
+    finally:
+        pool.shutdown()
