@@ -22,7 +22,7 @@ from ..replicate.copier import DEFAULT_PART_SIZE
 from ..replicate.plan import Action
 from . import cli
 from .options import SIZE, parse_storage_options
-from .progress import byte_progress, console, run_async
+from .progress import byte_progress, run_async, stderr_console
 
 
 def _profile(name: str | None, side: str) -> dict[str, Any]:
@@ -139,7 +139,7 @@ def replicate_command(src: str, dst: str, src_option: tuple[str, ...], dst_optio
         _report(summary, as_json)
         return
     replicator = Replicator(config)
-    summary = run_async(_with_progress(replicator, show=not as_json and console.is_terminal))
+    summary = run_async(_with_progress(replicator, show=not as_json and stderr_console().is_terminal))
     if dry_run and not as_json:
         _print_plan(summary)
         return
@@ -265,4 +265,4 @@ def _print_plan(s: dict[str, Any]) -> None:
 
 
 def _print_round(text: str) -> None:
-    console.print(text)
+    stderr_console().print(text)

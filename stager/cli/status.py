@@ -20,7 +20,7 @@ from ..config import CacheConfig
 from ..errors import StagerError
 from . import cli
 from .cache_options import cache_config, cache_flags
-from .progress import console, run_async
+from .progress import run_async, stderr_console
 
 
 def _size(n: int) -> str:
@@ -78,13 +78,13 @@ def status_command(cache_dir: str, capacity: str, as_json: bool, socket_path: st
         table.add_row(d["name"], f"{d['blobs']:,}", _size(d["bytes"]), f"{d['complete']:,}", f"{d['partial']:,}",
                       f"{share:.0%}")
     if datasets:
-        console.print(table)
+        stderr_console().print(table)
     if daemon is not None and daemon["plans"]:
         plans = Table("consumer", "plan", "dataset", "position", "ready ahead")
         for p in daemon["plans"]:
             plans.add_row(p["consumer"], p["plan"], p["dataset"], f"{p['cursor']:,} / {p['length']:,}",
                           f"{p['ready_steps']:,} shards, {_size(p['ready_bytes'])}")
-        console.print(plans)
+        stderr_console().print(plans)
 
 
 def _daemon_status(config: CacheConfig, socket_path: str | None) -> dict[str, Any] | None:
