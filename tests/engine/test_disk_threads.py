@@ -68,13 +68,19 @@ async def test_completions_arriving_together_wake_the_loop_once(threads, monkeyp
         return real(callback, *args)
 
     monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
-    gate = threading.Event()
-    futures = [threads.start(gate.wait, 10) for _ in range(4)]
-    extra = [threads.start(time.sleep, 0) for _ in range(200)]
-    time.sleep(0.2)  # the loop is busy (blocked here) while the quick jobs finish
-    gate.set()
-    await asyncio.wait_for(asyncio.gather(*futures, *extra), 30)
-    assert 1 <= len(wakes) < 50  # batched, not one wake-up per job
+    count, lock, all_ran = [0], threading.Lock(), threading.Event()
+
+    def job(i: int) -> int:
+        with lock:
+            count[0] += 1
+            if count[0] == 200:
+                all_ran.set()
+        return i
+
+    futures = [threads.start(job, i) for i in range(200)]
+    assert all_ran.wait(30)  # the loop is busy (blocked here) while every job finishes
+    assert await asyncio.wait_for(asyncio.gather(*futures), 30) == list(range(200))
+    assert len(wakes) == 1  # all 200 completions delivered by one wake-up of the loop
 
 
 def test_shutdown_lets_queued_jobs_finish_and_refuses_new_ones(caplog):
