@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .fileio import IOV_MAX, pwritev_all
+from .fileio import IOV_MAX, cut_views, pwritev_all
 
 #: Alignment of memory, file offsets and lengths for direct writes (the largest logical block in use).
 ALIGN = 4096
@@ -89,7 +89,8 @@ class DirectWriter:
         if last <= first:  # not one whole page: all through the page cache
             pwritev_all(buffered_fd, buffers, offset)
             return
-        head, middle, tail = _split(buffers, first - offset, last - offset)
+        head, rest = cut_views(buffers, first - offset)
+        middle, tail = cut_views(rest, last - first)
         if head:
             pwritev_all(buffered_fd, head, offset)
         self._write_aligned(direct_fd, buffered_fd, middle, first)
@@ -157,18 +158,3 @@ class DirectWriter:
                 pwritev_all(buffered_fd, iov, offset)  # and says why it cannot (ENOSPC) if it cannot
                 return end
         return end
-
-
-def _split(buffers: Sequence[memoryview], cut1: int, cut2: int) -> tuple[list[memoryview], list[memoryview],
-                                                                          list[memoryview]]:
-    """``buffers`` (as one run of bytes) cut at ``cut1`` and ``cut2`` into three lists of views."""
-    parts: tuple[list[memoryview], list[memoryview], list[memoryview]] = ([], [], [])
-    at = 0
-    for view in buffers:
-        end = at + view.nbytes
-        for part, (low, high) in zip(parts, ((0, cut1), (cut1, cut2), (cut2, end))):
-            a, b = max(at, low), min(end, high)
-            if a < b:
-                part.append(view[a - at:b - at])
-        at = end
-    return parts

@@ -13,6 +13,15 @@ _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 IOV_MAX = 1024  # buffers per pwritev (the Linux limit)
 
 
+def cut_views(views: Sequence[memoryview], at: int) -> tuple[list[memoryview], list[memoryview]]:
+    """``views`` (one run of bytes) as the views of its first ``at`` bytes and the views of the rest."""
+    for i, view in enumerate(views):
+        if at < view.nbytes:
+            return [*views[:i], view[:at]] if at else list(views[:i]), [view[at:], *views[i + 1:]]
+        at -= view.nbytes
+    return list(views), []
+
+
 def pwritev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], offset: int) -> None:
     """Write ``buffers`` one after the other from ``offset``, in one system call when the disk allows."""
     views = [memoryview(b).cast("B") for b in buffers]

@@ -53,6 +53,7 @@ import xxhash
 
 from ..cache import BlobState
 from ..cache.direct import ALIGN as DIRECT_ALIGN
+from ..cache.fileio import cut_views
 from ..errors import CacheError, CorruptData, StagerError
 from ..hashing import block_digest, block_range
 from ..store import RangeSink
@@ -481,15 +482,6 @@ WRITE_BATCH = 1 << 20
 WRITES_IN_FLIGHT = 2
 
 
-def _cut_views(views: list[memoryview], at: int) -> tuple[list[memoryview], list[memoryview]]:
-    """``views`` (one run of bytes) as the views of its first ``at`` bytes and those of the rest."""
-    for i, view in enumerate(views):
-        if at < len(view):
-            return [*views[:i], view[:at]] if at else views[:i], [view[at:], *views[i + 1:]]
-        at -= len(view)
-    return views, []
-
-
 class _SpanWriter(RangeSink):
     """One attempt at a span: written into the partial file as it arrives, each block hashed on the way.
 
@@ -557,7 +549,7 @@ class _SpanWriter(RangeSink):
         if keep_partial_page:
             keep = (self._batch_at + nbytes) % DIRECT_ALIGN
             if keep < nbytes:
-                batch, rest = _cut_views(batch, nbytes - keep)
+                batch, rest = cut_views(batch, nbytes - keep)
                 nbytes -= keep
         if batch:
             write = self._engine.start_in_disk_thread(
