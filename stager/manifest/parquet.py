@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ManifestError
 from .model import FORMAT_VERSION, SCHEMA, Manifest
-from .validate import validate_table
+from .validate import CastOptions, call_function, validate_table
 
 _VERSION_KEY = b"stager.format_version"
 _BLOCK_KEY = b"stager.block_size"
@@ -69,7 +69,7 @@ def decode_manifest(data: bytes | memoryview, name: str) -> Manifest:
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise ManifestError(f"{name}: manifest is corrupt: {exc}") from exc
     try:
-        table = table.cast(SCHEMA)
+        table = _cast(table)
     except (pa.ArrowException, ValueError) as exc:
         raise ManifestError(f"{name}: manifest columns have the wrong types: {exc}") from exc
     try:
@@ -79,3 +79,17 @@ def decode_manifest(data: bytes | memoryview, name: str) -> Manifest:
         raise ManifestError(f"{name}: manifest is corrupt: {exc}") from exc
     validate_table(table, block_size, name)
     return Manifest(table, block_size)
+
+
+def _cast(table: pa.Table) -> pa.Table:
+    """``table`` with the manifest's column types (safe casts), untouched when it has them already.
+
+    Through the compute kernel itself: ``Table.cast`` would import pyarrow.compute, a
+    twentieth of a second of every command's start-up (see validate.py).
+    """
+    if table.schema.equals(SCHEMA, check_metadata=False):
+        return table
+    columns = [table.column(field.name) if table.schema.field(field.name).type == field.type
+               else call_function("cast", [table.column(field.name)], CastOptions.safe(field.type))
+               for field in SCHEMA]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+try:  # The compute kernels themselves: pyarrow.compute only wraps them, and building its
+    # wrappers costs every command that loads a manifest 30 to 60 ms of start-up.
+    from pyarrow._compute import CastOptions, MatchSubstringOptions, SetLookupOptions, call_function
+except ImportError:  # pragma: no cover - a pyarrow that moved them
+    from pyarrow.compute import CastOptions, MatchSubstringOptions, SetLookupOptions, call_function
 
 from ..errors import ManifestError
 from ..hashing import block_count
@@ -39,20 +44,20 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
         return ManifestError(f"{name}: entry {row} ({paths[row].as_py()!r}): {problem}")
 
     for column in ("path", "size", "digest", "blocks"):
-        row = _first(pc.is_null(table.column(column)))
+        row = _first(call_function("is_null", [table.column(column)]))
         if row is not None:
             raise ManifestError(f"{name}: entry {row}: {column} is missing")
 
-    row = _first(pc.match_substring_regex(paths, _BAD_PATH))
+    row = _first(call_function("match_substring_regex", [paths], MatchSubstringOptions(_BAD_PATH)))
     if row is not None:
         raise bad(row, "path is empty, absolute, or has '.', '..' or empty components")
 
     if table.num_rows > 1:
         # Manifests are written sorted by path: strictly increasing means unique, checked in one pass.
-        if pc.any(pc.less_equal(paths[1:], paths[:-1])).as_py():
-            order = pc.sort_indices(paths)
-            sorted_paths = pc.take(paths, order)
-            dup = _first(pc.equal(sorted_paths[1:], sorted_paths[:-1]))
+        if call_function("any", [call_function("less_equal", [paths[1:], paths[:-1]])]).as_py():
+            order = call_function("sort_indices", [paths])
+            sorted_paths = call_function("take", [paths, order])
+            dup = _first(call_function("equal", [sorted_paths[1:], sorted_paths[:-1]]))
             if dup is not None:
                 raise bad(int(order[dup + 1].as_py()), "duplicate path")
 
@@ -61,7 +66,7 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
     if row is not None:
         raise bad(row, f"size {int(sizes[row])} is negative or absurd")
 
-    counts = pc.list_value_length(table.column("blocks")).to_numpy(zero_copy_only=False)
+    counts = call_function("list_value_length", [table.column("blocks")]).to_numpy(zero_copy_only=False)
     expected = -(-sizes // block_size)
     row = _first(counts != expected)
     if row is not None:
@@ -71,18 +76,20 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
     tokens = table.column("tokens")
     dtypes = table.column("dtype")
     if tokens.null_count < table.num_rows:
-        tok = tokens.fill_null(0).to_numpy()
+        tok = call_function("coalesce", [tokens, pa.scalar(0, tokens.type)]).to_numpy()
         row = _first(tok < 0)
         if row is not None:
             raise bad(row, f"token count {int(tok[row])} is negative")
-        coded = dtypes.fill_null("uint8").combine_chunks().dictionary_encode()
+        filled = call_function("coalesce", [dtypes, pa.scalar("uint8", dtypes.type)]).combine_chunks()
+        coded = call_function("dictionary_encode", [filled])
         sizes_of = np.array([np.dtype(d).itemsize if d in KNOWN_DTYPES else 1 for d in coded.dictionary.to_pylist()])
         itemsize = sizes_of[coded.indices.to_numpy(zero_copy_only=False)]
         row = _first(tok * itemsize > sizes * 8 + 64)  # tokens cannot outnumber the bytes (parquet compresses, so slack)
         if row is not None:
             raise bad(row, f"token count {int(tok[row])} does not fit in {int(sizes[row])} bytes")
     if dtypes.null_count < table.num_rows:
-        known = pc.is_in(dtypes, value_set=pa.array(sorted(KNOWN_DTYPES)))
-        row = _first(pc.and_(pc.invert(known.fill_null(True)), pc.is_valid(dtypes)))
+        known = call_function("is_in", [dtypes], SetLookupOptions(pa.array(sorted(KNOWN_DTYPES))))
+        unknown = call_function("invert", [call_function("coalesce", [known, pa.scalar(True)])])
+        row = _first(call_function("and", [unknown, call_function("is_valid", [dtypes])]))
         if row is not None:
             raise bad(row, f"unknown dtype {dtypes[row].as_py()!r}")

@@ -136,3 +136,29 @@ def test_block_size_out_of_range_is_refused():
     pq.write_table(table, buf)
     with pytest.raises(ManifestError, match="block size 7"):
         decode_manifest(buf.getvalue(), "m.parquet")
+
+
+def _written(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata({b"stager.format_version": b"1", b"stager.block_size": b"4096"}), buf)
+    return buf.getvalue()
+
+
+def test_columns_written_with_narrower_types_are_cast_to_the_manifest_types():
+    m = good_manifest()
+    table = m.table
+    for name, narrow in (("size", pa.int32()), ("tokens", pa.int32()), ("mtime", pa.float32())):
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, pa.field(name, narrow), table.column(name).cast(narrow))
+    back = decode_manifest(_written(table), "m.parquet")
+    assert back.table.schema.equals(SCHEMA, check_metadata=False)
+    assert [(e.path, e.size, e.tokens, e.blocks) for e in back] == [(e.path, e.size, e.tokens, e.blocks) for e in m]
+
+
+def test_a_column_that_cannot_be_cast_is_refused_in_one_line():
+    table = good_manifest().table
+    i = table.schema.get_field_index("size")
+    table = table.set_column(i, pa.field("size", pa.string()), pa.array(["10", "ten", "3", "4", "5"]))
+    with pytest.raises(ManifestError, match="m.parquet: manifest columns have the wrong types") as info:
+        decode_manifest(_written(table), "m.parquet")
+    assert "\n" not in str(info.value)
