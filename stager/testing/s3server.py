@@ -28,6 +28,7 @@ stderr (``-v`` log) goes to ``<root's parent>/rclone-<port>.log`` for debugging.
 from __future__ import annotations
 
 import ctypes
+import functools
 import http.client
 import os
 import shutil
@@ -85,6 +86,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+@functools.cache
 def _death_signal_setter() -> Callable[[], None] | None:
     """A preexec_fn that SIGTERMs the child when its parent dies (Linux prctl).
 
