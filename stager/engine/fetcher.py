@@ -42,6 +42,7 @@ even when the job is cancelled.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import time
@@ -108,6 +109,14 @@ class _Block:
         self.future.add_done_callback(_retrieve)
         self.explicit = False  # someone waits for this very block: a whole-blob failure does not stop it
         self.span: _Span | None = None  # the request it goes in, once there is one
+
+
+def _release_if_taken(lock: "BlobLock") -> Callable[[concurrent.futures.Future[bool]], None]:
+    """A done-callback for an abandoned ``lock.acquire`` in a thread: release what it took."""
+    def release(attempt: concurrent.futures.Future[bool]) -> None:
+        if not attempt.cancelled() and attempt.exception() is None and attempt.result():
+            lock.release()
+    return release
 
 
 class _Span:
@@ -262,16 +271,16 @@ class BlobJob:
         were all verified by the other process (their wants are served).
         """
         # flock has no async wake-up: wait in a thread, in short tries so cancellation is prompt.
-        loop = asyncio.get_running_loop()
         while True:
-            attempt = loop.run_in_executor(self.engine.lock_waiters, lock.acquire, FOREIGN_LOCK_POLL)
+            attempt = self.engine.lock_waiters.submit(lock.acquire, FOREIGN_LOCK_POLL)
             try:
-                if await asyncio.shield(attempt):
+                if await asyncio.shield(asyncio.wrap_future(attempt)):
                     return True
             except asyncio.CancelledError:
-                # The thread may still take the lock after we stop waiting: give it back then.
-                attempt.add_done_callback(
-                    lambda f: lock.release() if not f.cancelled() and f.exception() is None and f.result() else None)
+                # The thread may still take the lock after we stop waiting: it gives it back then,
+                # itself. (Not through the event loop, which may be closed by then: a lock taken
+                # for an engine that is gone would stay held until the process exits.)
+                attempt.add_done_callback(_release_if_taken(lock))
                 raise
             if await self._serve_from_other_process():
                 return False
