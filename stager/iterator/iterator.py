@@ -34,7 +34,7 @@ import numpy as np
 
 from ..cache.layout import CacheLayout
 from ..config import DEFAULT_CACHE_DIR, CacheConfig, FetchConfig, SourceConfig
-from ..errors import CacheError, CacheFull, ConfigError, OriginError, StagerError
+from ..errors import CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
 from ..manifest import Manifest
 from .ahead import MadeAhead
 from .deal import Layout, Remainder, Slice
@@ -254,10 +254,15 @@ class TokenIterator:
         if ahead is not None:
             ahead.close()
 
-    def _positions(self, order: EpochOrder, piece: Slice, start: int) -> Iterator[tuple[list, list, list]]:
+    def _positions(self, order: EpochOrder, piece: Slice, start: int) -> Iterator[tuple[int, list, list]]:
+        """(window, shards, offsets): this consumer's samples from ``start`` on, in runs of one window."""
         for lo in range(start, len(piece), BLOCK):
             found = order.lookup(piece.positions(lo, lo + BLOCK))
-            yield found.shards.tolist(), found.offsets.tolist(), found.windows.tolist()
+            windows = found.windows
+            edges = [0, *(np.flatnonzero(windows[1:] != windows[:-1]) + 1).tolist(), len(windows)]
+            shards, offsets = found.shards.tolist(), found.offsets.tolist()
+            for a, b in zip(edges, edges[1:]):
+                yield int(windows[a]), shards[a:b], offsets[a:b]
 
     def _samples(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
                  plan: tuple[np.ndarray, np.ndarray]) -> Iterator[np.ndarray]:
@@ -265,11 +270,11 @@ class TokenIterator:
         convert = self.dtype
         arrays: dict[int, np.ndarray] = {}
         window = -1
-        for shards, offsets, windows in self._positions(order, piece, self._done):
+        for run_window, shards, offsets in self._positions(order, piece, self._done):
             self._check(generation)
-            for shard, offset, w in zip(shards, offsets, windows):
-                if w != window:
-                    window = self._enter_window(link, w, plan, arrays)
+            if run_window != window:
+                window = self._enter_window(link, run_window, plan, arrays)
+            for shard, offset in zip(shards, offsets):
                 self._done += 1
                 sample = arrays[shard][offset:offset + n]
                 yield sample if convert is None else sample.astype(convert)
@@ -283,11 +288,11 @@ class TokenIterator:
         out = np.empty((size, n), dtype=self.out_dtype)
         row = 0
         wrap = self.wrap_batch
-        for shards, offsets, windows in self._positions(order, piece, start):
+        for run_window, shards, offsets in self._positions(order, piece, start):
             self._check(generation)
-            for shard, offset, w in zip(shards, offsets, windows):
-                if w != window:
-                    window = self._enter_window(link, w, plan, arrays)
+            if run_window != window:
+                window = self._enter_window(link, run_window, plan, arrays)
+            for shard, offset in zip(shards, offsets):
                 out[row] = arrays[shard][offset:offset + n]
                 row += 1
                 if row == size:
@@ -379,8 +384,19 @@ class TokenIterator:
     def _open(self, link: StagingLink, shard: int, position: int) -> np.ndarray:
         m = self.manifest
         name = m.paths[shard]
-        digest = m.digest(shard)
-        hit = self._cache_layout.complete_path(digest).exists()
+        reader = reader_for(name, token_column=self.token_column)
+        complete = self._cache_layout.complete_path(m.digest(shard))
+        if complete.exists():
+            # Verified already (a complete file exists only after its verified rename): read it
+            # without asking the engine, which would only answer with this path, a thread hop
+            # later. Gone since (dropped by a repair) or unreadable: ask the engine as below.
+            try:
+                array = reader.open(complete, name, m.dtypes[shard], int(m.tokens[shard]))
+            except (CorruptData, OSError):
+                pass
+            else:
+                self._stats.opened(True, 0.0)
+                return array
         began = time.monotonic()
         pause = 0.02
         while True:
@@ -401,10 +417,8 @@ class TokenIterator:
                 if name in str(exc):
                     raise
                 raise type(exc)(f"{self.source.url}/{name}: cannot be staged: {exc}") from exc
-        waited = time.monotonic() - began
-        self._stats.opened(hit, waited)
-        return reader_for(name, token_column=self.token_column).open(path, name, m.dtypes[shard],
-                                                                     int(m.tokens[shard]))
+        self._stats.opened(False, time.monotonic() - began)
+        return reader.open(path, name, m.dtypes[shard], int(m.tokens[shard]))
 
     # -- state ---------------------------------------------------------------------------------
 

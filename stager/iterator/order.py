@@ -104,8 +104,14 @@ class EpochOrder:
             IndexError: a position is outside the epoch.
         """
         p = np.asarray(positions, dtype=np.int64)
-        if p.size and (p.min() < 0 or p.max() >= len(self)):
+        if not p.size:
+            return Samples(p.copy(), p.copy(), p.copy())
+        lo, hi = int(p.min()), int(p.max())
+        if lo < 0 or hi >= len(self):
             raise IndexError(f"positions outside the epoch of {len(self)} samples")
+        first = int(np.searchsorted(self.window_start, lo, side="right")) - 1
+        if hi < self.window_start[first + 1]:
+            return self._lookup_in_window(p, first)
         w = np.searchsorted(self.window_start, p, side="right") - 1
         start = self.window_start[w]
         q = p - start
@@ -115,3 +121,16 @@ class EpochOrder:
         slot = np.searchsorted(self.slot_start, u, side="right") - 1
         shards = self.slot_shard[slot]
         return Samples(shards, self.index.token_offset(u - self.slot_start[slot]), w)
+
+    def _lookup_in_window(self, p: np.ndarray, w: int) -> Samples:
+        """`lookup` for positions that all lie in window ``w`` (how a reader asks): one domain, one key."""
+        start, stop = int(self.window_start[w]), int(self.window_start[w + 1])
+        q = p - start
+        if self.spec.shuffle:
+            q = permute(q, stop - start, int(window_keys(self._key, np.array([w]))[0]))
+        u = start + q
+        g = self.spec.shards_per_window
+        bounds = self.slot_start[w * g:(w + 1) * g + 1]  # the window's slots: a short search
+        slot = np.searchsorted(bounds, u, side="right") - 1 + w * g
+        return Samples(self.slot_shard[slot], self.index.token_offset(u - self.slot_start[slot]),
+                       np.full(p.shape, w, dtype=np.int64))

@@ -73,6 +73,8 @@ def permute(x: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | int) -> 
     Raises:
         ValueError: a value is outside its domain.
     """
+    if np.ndim(n) == 0 and np.ndim(key) == 0:
+        return _permute_one_domain(np.asarray(x, dtype=np.int64), int(n), int(key))
     x_arr = np.asarray(x, dtype=np.int64)
     n_arr = np.asarray(n, dtype=np.int64)
     key_arr = np.asarray(key, dtype=np.uint64) if not isinstance(key, int) else np.array(key, dtype=np.uint64)
@@ -114,3 +116,37 @@ def permute(x: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | int) -> 
         out[todo] = walk(out[todo], todo)
         todo = todo[out[todo] >= flat_n[todo]]
     return out.astype(np.int64).reshape(x_arr.shape)
+
+
+def _permute_one_domain(x: np.ndarray, n: int, key: int) -> np.ndarray:
+    """`permute` for one domain and key (the common case: positions of one shuffle window).
+
+    The same values as the general path, without its per-element domain and key arrays.
+    """
+    if x.size == 0:
+        return np.zeros(x.shape, dtype=np.int64)
+    if n < 1 or x.min() < 0 or x.max() >= n:
+        raise ValueError("permute: every value must lie in [0, n) with n >= 1")
+    half = _half_bits(np.array([n], dtype=np.int64))[0]
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    base = np.array([key % (1 << 64)], dtype=np.uint64)
+    round_keys = [mix64(base + np.uint64(c))[0] for c in _ROUND_CONSTANTS]
+
+    def walk(v: np.ndarray) -> np.ndarray:
+        left, right = v >> half, v & mask
+        for rk in round_keys:
+            f = mix64(right ^ rk)
+            f &= mask
+            f ^= left
+            left, right = right, f
+        left <<= half
+        left |= right
+        return left
+
+    limit = np.uint64(n)
+    out = walk(x.astype(np.uint64).ravel())
+    todo = np.flatnonzero(out >= limit)
+    while todo.size:  # cycle walking, as in `permute`
+        out[todo] = walk(out[todo])
+        todo = todo[out[todo] >= limit]
+    return out.astype(np.int64).reshape(x.shape)

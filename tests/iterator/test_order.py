@@ -50,6 +50,20 @@ def test_a_window_of_positions_reads_only_its_window_of_shards(index):
         assert len(shards) <= 3
 
 
+@pytest.mark.parametrize("spec", [OrderSpec(seed=3, shuffle_window=3), OrderSpec(seed=5, shuffle_window=1),
+                                  OrderSpec(shuffle=False)])
+def test_positions_of_one_window_map_as_they_do_among_others(index, spec):
+    # A run of positions inside one window (how readers ask) takes a shorter path: same samples.
+    order = EpochOrder(index, spec, epoch=2)
+    everything = order.lookup(np.arange(len(order)))
+    for w in range(order.windows):
+        inside = np.arange(order.window_start[w], order.window_start[w + 1])[::-1]
+        found = order.lookup(inside)
+        assert found.shards.tolist() == everything.shards[inside].tolist()
+        assert found.offsets.tolist() == everything.offsets[inside].tolist()
+        assert found.windows.tolist() == [w] * len(inside)
+
+
 def test_unshuffled_is_manifest_order(index):
     order = EpochOrder(index, OrderSpec(shuffle=False), epoch=5)
     got = samples_of(order, np.arange(len(order)))

@@ -36,3 +36,15 @@ def test_pointwise_and_mixed_domains_agree_with_whole_permutations():
 def test_refuses_values_outside_the_domain():
     with pytest.raises(ValueError):
         permute(np.array([3]), 3, 1)
+
+
+@given(st.integers(1, 70_000), st.integers(0, 2**64 - 1), st.integers(0, 2**32))
+@settings(max_examples=60, deadline=None)
+def test_one_domain_gives_what_per_element_domains_give(n, key, seed):
+    # permute() takes a shorter path when the domain and key are scalars; the values are the same.
+    x = np.random.default_rng(seed).integers(0, n, 500)
+    per_element = permute(x, np.full(x.shape, n), np.full(x.shape, key, dtype=np.uint64))
+    mixed = permute(np.append(x, 0), np.append(np.full(x.shape, n), n + 1),
+                    np.append(np.full(x.shape, key, dtype=np.uint64), np.uint64(1)))[:-1]
+    assert np.array_equal(permute(x, n, key), per_element)
+    assert np.array_equal(permute(x, n, key), mixed)
