@@ -56,6 +56,7 @@ PEERS_PYTHON = PEERS_VENV / "bin" / "python"
 PEER_PACKAGES = ["torch==2.14.1", "torchvision==0.29.1", "mosaicml-streaming==0.13.0", "litdata==0.2.76",
                  "obstore", "numpy<2.2", "xxhash"]
 KEYS = ("benchaccess0001", "benchsecret000000000001")
+WARMUP = 50  # steps each warm run takes before its timing starts
 
 
 # -- the corpus ------------------------------------------------------------------------------
@@ -188,7 +189,11 @@ def run_warm(name: str, spec: dict) -> dict:
         next(loader)
     began, samples, wrong = time.perf_counter(), 0, 0
     for _ in range(spec["steps"]):
-        batch = next(loader)
+        try:
+            batch = next(loader)
+        except StopIteration:  # a loader whose epoch holds fewer batches goes on with a new one
+            loader = iter(LOADERS[name](spec))
+            batch = next(loader)
         samples += len(batch)
     seconds = time.perf_counter() - began
     wrong += check_rows(batch)
@@ -315,7 +320,8 @@ def main() -> None:
     parser.add_argument("--shard-mib", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--warm-steps", type=int, default=3000)
+    parser.add_argument("--warm-steps", type=int, default=0,
+                        help="timed warm steps per run (default: the rest of the epoch after the warm-up)")
     parser.add_argument("--cold-steps", type=int, default=0, help="steps of the cold run (default: the epoch)")
     parser.add_argument("--bandwidth-mb", type=float, default=16.0, help="origin bandwidth cap, MB/s")
     parser.add_argument("--cold-batch", type=int, default=32,
@@ -370,10 +376,13 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     wanted = lambda name: (not only or name in only) and peers.get(name.split()[0], None) is None  # noqa: E731
 
     # (a) warm: every contender once per round, the median round counts (the machine is shared and noisy)
-    base = {"seq_len": args.seq_len, "batch": args.batch, "corpus": str(corpus), "capacity": 1 << 40,
-            "warmup": 50, "steps": args.warm_steps}
-    warm_cache = str(work / "cache-warm")
     epoch_steps = shards * shard_tokens // args.seq_len // args.batch
+    # A whole epoch per run: a window of a few thousand steps lasts under 0.1 s, and single runs that
+    # short swung by 40% here from one process to the next.
+    warm_steps = args.warm_steps or epoch_steps - WARMUP
+    base = {"seq_len": args.seq_len, "batch": args.batch, "corpus": str(corpus), "capacity": 1 << 40,
+            "warmup": WARMUP, "steps": warm_steps}
+    warm_cache = str(work / "cache-warm")
     run_contender("stager", "warm", dict(base, source=str(corpus), cache=warm_cache, steps=epoch_steps - 60),
                   1800)  # stages the whole corpus into the cache first
     specs = {
@@ -383,26 +392,29 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         "mosaic": dict(base, mosaic_local=str(root / "mds")),
         "litdata": dict(base, lit_local=str(root / "lit")),
     }
-    rounds: dict[str, list[dict]] = {}
-    for _ in range(args.rounds):
-        for name, spec in specs.items():
-            if wanted(name):
-                rounds.setdefault(name, []).append(run_contender(name, "warm", spec, 1800))
-    warm: dict[str, dict] = {}
-    for name, results in rounds.items():  # the median round: single rounds swing 2x on a shared machine
-        failed = [r for r in results if "error" in r]
-        ok = sorted((r for r in results if "error" not in r), key=lambda r: r["sequences_per_s"])
-        warm[name] = ok[len(ok) // 2] if ok else failed[0]
-    limit = warm.get("memmap", {}).get("sequences_per_s")
+    names = [name for name in specs if wanted(name)]
+    rounds: list[dict[str, dict]] = []
+    for r in range(args.rounds):  # each round starts with a different contender: the machine drifts
+        order = names[r % len(names):] + names[:r % len(names)]
+        rounds.append({name: run_contender(name, "warm", specs[name], 1800) for name in order})
     rows = []
-    for name, r in warm.items():
-        if "error" in r:
-            rows.append([name, "failed", "", r["error"]])
-        else:
-            ratio = f"{r['sequences_per_s'] / limit:.2f}x" if limit else ""
-            rows.append([name, f"{r['sequences_per_s']:,.0f}", ratio, f"wrong samples: {r['wrong']}"])
-    print(f"\n(a) warm, sequences/s (one process, shuffled, median of {args.rounds} rounds):")
-    print(table(rows, ["contender", "seq/s", "vs memmap", "notes"]), flush=True)
+    for name in names:
+        results = [one[name] for one in rounds]
+        ok = sorted((r for r in results if "error" not in r), key=lambda r: r["sequences_per_s"])
+        if not ok:
+            rows.append([name, "failed", "", next(r for r in results if "error" in r)["error"]])
+            continue
+        # vs memmap: the median of the ratios within each round (both ran minutes apart at most)
+        ratios = sorted(one[name]["sequences_per_s"] / one["memmap"]["sequences_per_s"] for one in rounds
+                        if "error" not in one[name] and "error" not in one.get("memmap", {"error": 1}))
+        ratio = f"{ratios[len(ratios) // 2]:.2f}x" if ratios else ""
+        spread = f"{ratios[0]:.2f}-{ratios[-1]:.2f}" if ratios else ""
+        median = ok[len(ok) // 2]
+        rows.append([name, f"{median['sequences_per_s']:,.0f}", ratio, spread,
+                     f"wrong samples: {sum(r['wrong'] for r in ok)}"])
+    print(f"\n(a) warm, sequences/s over {warm_steps} steps of {args.batch} (one process, shuffled; median of "
+          f"{args.rounds} rounds; vs memmap: the median of the rounds' ratios):")
+    print(table(rows, ["contender", "seq/s", "vs memmap", "rounds' ratios", "notes"]), flush=True)
 
     # (b) cold, through a slow and faulty origin; each loader makes batches in one worker process,
     # beside the training loop, as in training
