@@ -85,35 +85,15 @@ def permute(x: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | int) -> 
         raise ValueError("permute: every value must lie in [0, n) with n >= 1")
     flat_n = n_arr.astype(np.uint64).ravel()
     keys = key_arr.astype(np.uint64).ravel()
-    uniform = bool((flat_n == flat_n[0]).all() and (keys == keys[0]).all())
-    if uniform:  # one domain and key (a whole permutation, or one window): scalars broadcast for free
-        half = _half_bits(flat_n[:1])[:1].repeat(1)
-        mask = (np.uint64(1) << half) - np.uint64(1)
-        round_keys = [mix64(keys[:1] + np.uint64(c)) for c in _ROUND_CONSTANTS]
-    else:
-        half = _half_bits(flat_n)
-        mask = (np.uint64(1) << half) - np.uint64(1)
-        round_keys = [mix64(keys + np.uint64(c)) for c in _ROUND_CONSTANTS]
-
-    def walk(v: np.ndarray, sel: slice | np.ndarray) -> np.ndarray:
-        if uniform:
-            h, m, rks = half[0], mask[0], [rk[0] for rk in round_keys]
-        else:
-            h, m, rks = half[sel], mask[sel], [rk[sel] for rk in round_keys]
-        left, right = v >> h, v & m
-        for rk in rks:
-            f = mix64(right ^ rk)
-            f &= m
-            f ^= left
-            left, right = right, f
-        left <<= h
-        left |= right
-        return left
-
-    out = walk(x_arr.astype(np.uint64).ravel(), slice(None))
+    if bool((flat_n == flat_n[0]).all() and (keys == keys[0]).all()):
+        return _permute_one_domain(x_arr, int(flat_n[0]), int(keys[0]))
+    half = _half_bits(flat_n)
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    round_keys = [mix64(keys + np.uint64(c)) for c in _ROUND_CONSTANTS]
+    out = _feistel(x_arr.astype(np.uint64).ravel(), half, mask, round_keys)
     todo = np.flatnonzero(out >= flat_n)
     while todo.size:  # cycle walking: ends because the walk stays on x's cycle, which holds x itself
-        out[todo] = walk(out[todo], todo)
+        out[todo] = _feistel(out[todo], half[todo], mask[todo], [rk[todo] for rk in round_keys])
         todo = todo[out[todo] >= flat_n[todo]]
     return out.astype(np.int64).reshape(x_arr.shape)
 
@@ -121,7 +101,7 @@ def permute(x: np.ndarray | int, n: np.ndarray | int, key: np.ndarray | int) -> 
 def _permute_one_domain(x: np.ndarray, n: int, key: int) -> np.ndarray:
     """`permute` for one domain and key (the common case: positions of one shuffle window).
 
-    The same values as the general path, without its per-element domain and key arrays.
+    The same values as with per-element domains and keys, without their arrays.
     """
     if x.size == 0:
         return np.zeros(x.shape, dtype=np.int64)
@@ -131,22 +111,23 @@ def _permute_one_domain(x: np.ndarray, n: int, key: int) -> np.ndarray:
     mask = (np.uint64(1) << half) - np.uint64(1)
     base = np.array([key % (1 << 64)], dtype=np.uint64)
     round_keys = [mix64(base + np.uint64(c))[0] for c in _ROUND_CONSTANTS]
-
-    def walk(v: np.ndarray) -> np.ndarray:
-        left, right = v >> half, v & mask
-        for rk in round_keys:
-            f = mix64(right ^ rk)
-            f &= mask
-            f ^= left
-            left, right = right, f
-        left <<= half
-        left |= right
-        return left
-
     limit = np.uint64(n)
-    out = walk(x.astype(np.uint64).ravel())
+    out = _feistel(x.astype(np.uint64).ravel(), half, mask, round_keys)
     todo = np.flatnonzero(out >= limit)
     while todo.size:  # cycle walking, as in `permute`
-        out[todo] = walk(out[todo])
+        out[todo] = _feistel(out[todo], half, mask, round_keys)
         todo = todo[out[todo] >= limit]
     return out.astype(np.int64).reshape(x.shape)
+
+
+def _feistel(v: np.ndarray, half, mask, round_keys) -> np.ndarray:
+    """One pass of the Feistel network over ``v`` (uint64); ``half``, ``mask`` and keys broadcast with it."""
+    left, right = v >> half, v & mask
+    for rk in round_keys:
+        f = mix64(right ^ rk)
+        f &= mask
+        f ^= left
+        left, right = right, f
+    left <<= half
+    left |= right
+    return left
