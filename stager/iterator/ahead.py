@@ -27,8 +27,8 @@ consumer in its place in the order.
 from __future__ import annotations
 
 import threading
-from time import perf_counter as _clock
 from collections import deque
+from time import perf_counter as _clock
 from typing import Generic, Iterator, TypeVar
 
 T = TypeVar("T")
