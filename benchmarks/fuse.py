@@ -45,7 +45,7 @@ import xxhash
 # This file is named like the package it measures: import the package before this folder is on the path.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-from fuse import mount_pid  # noqa: E402
+from stager.fuse import mount_pid  # noqa: E402
 
 sys.path.insert(0, str(_HERE))
 from harness import machine, precompile_stager, table, tool  # noqa: E402

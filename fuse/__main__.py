@@ -1,5 +1,5 @@
-"""``python -m fuse REPORT_FD [LOG_LEVEL]``: the process of a background mount (see
-:func:`fuse.mount.mount_in_background`)."""
+"""``python -m stager.fuse REPORT_FD [LOG_LEVEL]``: the process of a background mount (see
+:func:`stager.fuse.mount.mount_in_background`)."""
 
 import sys
 

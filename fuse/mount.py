@@ -14,7 +14,7 @@ requests) and calls ``on_ready``. It returns after an unmount
 still waiting with EIO, unmount, and close everything.
 
 :func:`mount_in_background` is what ``stager mount`` does by default: it
-starts ``python -m fuse`` in a new session with the config on its stdin and
+starts ``python -m stager.fuse`` in a new session with the config on its stdin and
 returns once the child reports the mount ready (or fails, with the child's
 one-line error). :func:`unmount` ends a mount and waits for its process.
 """
@@ -268,7 +268,7 @@ def _unmounted(mountpoint: Path) -> None:
 def mount_in_background(config: MountConfig, log_file: Path, *, timeout: float = READY_TIMEOUT) -> int:
     """Start a mount in a process of its own; return its pid once the mount is ready.
 
-    The child (``python -m fuse``) gets the config on stdin, writes its log to
+    The child (``python -m stager.fuse``) gets the config on stdin, writes its log to
     ``log_file``, and reports readiness (or its error) on a pipe.
 
     Raises:
@@ -280,7 +280,7 @@ def mount_in_background(config: MountConfig, log_file: Path, *, timeout: float =
     try:
         with open(log_file, "ab") as log_fh:
             child = subprocess.Popen(
-                [sys.executable, "-m", "fuse", str(write_end), str(min(logging.INFO, logging.getLogger().level))],
+                [sys.executable, "-m", "stager.fuse", str(write_end), str(min(logging.INFO, logging.getLogger().level))],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=log_fh, pass_fds=(write_end,), start_new_session=True,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
@@ -326,7 +326,7 @@ def _read_report(fd: int, timeout: float) -> str | None:
 
 
 def background_main(report_fd: int, log_level: int = logging.INFO) -> int:
-    """The mount process started by :func:`mount_in_background` (``python -m fuse FD [LOG_LEVEL]``)."""
+    """The mount process started by :func:`mount_in_background` (``python -m stager.fuse FD [LOG_LEVEL]``)."""
     from stager.cli.progress import run_async
 
     config: MountConfig = pickle.loads(sys.stdin.buffer.read())

@@ -47,7 +47,7 @@ def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...]
     be fetched within --retry-deadline seconds fails the read with EIO (the log names the shard).
     End it with `stager unmount MOUNTPOINT`, `fusermount3 -u MOUNTPOINT` or SIGTERM.
     """
-    from fuse import MountConfig, ReadAheadConfig, mount_in_background, serve
+    from stager.fuse import MountConfig, ReadAheadConfig, mount_in_background, serve
 
     config = MountConfig(
         source=source_config(source, storage_option), mountpoint=mountpoint,
@@ -71,6 +71,6 @@ def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...]
 @click.option("-z", "--lazy", is_flag=True, help="Detach now even if files are open; finish when they close.")
 def unmount_command(mountpoint: Path, lazy: bool) -> None:
     """Unmount a `stager mount` and wait for its process to finish."""
-    from fuse import unmount
+    from stager.fuse import unmount
 
     unmount(mountpoint, lazy=lazy)

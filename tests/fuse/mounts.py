@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuse import mount_pid
+from stager.fuse import mount_pid
 
 STAGER = [sys.executable, "-m", "stager"]
 START_TIMEOUT = 60.0

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fuse import MountError, check_fuse
+from stager.fuse import MountError, check_fuse
 from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig, SourceConfig
 from stager.manifest import Manifest, ShardEntry, save_manifest

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fuse.readahead import SLACK, STREAK, Access, ReadAhead, ReadAheadConfig
-from fuse.tree import Tree
+from stager.fuse.readahead import SLACK, STREAK, Access, ReadAhead, ReadAheadConfig
+from stager.fuse.tree import Tree
 from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig, FetchConfig, SourceConfig
 from stager.engine import Engine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fuse.tree import ROOT, Tree
+from stager.fuse.tree import ROOT, Tree
 from stager.errors import ManifestError
 from stager.manifest import Manifest, ShardEntry
 
