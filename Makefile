@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv rsync
 TORCH_VERSION ?= 2.13.0
-STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -33,7 +33,7 @@ debs:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@$(MAKE) --no-print-directory debs
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --upgrade pip
