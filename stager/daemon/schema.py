@@ -39,6 +39,7 @@ REMOTE_PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "http", "ht
 #: Storage options that make a filesystem read through another one (fsspec's chaining).
 CHAINING_OPTIONS = frozenset({"target_protocol", "target_options", "fo", "remote_protocol", "remote_options",
                               "protocol", "fs"})
+_KEY_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -68,6 +69,14 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
                 return True
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
     return False
+
+
+def consumer_key(value: str | None) -> str:
+    """The key a consumer sends in ``X-Stager-Consumer-Key`` (16-128 of ``A-Z a-z 0-9 _ -``)."""
+    if value is None or not _KEY_RE.fullmatch(value):
+        raise DaemonRequestError("X-Stager-Consumer-Key: a consumer's requests need its key, 16-128 letters, "
+                                 "digits, _ or - (the consumer makes one at random)")
+    return value
 
 
 def ident(value: Any, what: str) -> str:

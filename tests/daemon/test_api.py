@@ -14,7 +14,9 @@ import pytest
 from stager.config import FetchConfig, RetryConfig, SourceConfig
 from stager.daemon import DaemonUnavailable, manifest_fingerprint
 from stager.daemon.client import DaemonClient
+from stager.daemon.protocol import CONSUMER_KEY_HEADER
 from stager.errors import ManifestError, OriginUnavailable, ShardNotFound
+from tests.daemon.node import CONSUMER_KEY
 
 PLAN = "/v1/consumers/c1/plans/p1"
 
@@ -101,8 +103,8 @@ async def test_positions_and_timeouts_of_readiness_polls_are_checked(node):
 async def test_a_consumer_with_another_manifest_is_refused(node):
     await node.start()
     got, body = await node.raw("PUT", PLAN, json=_plan_body(node, fingerprint="0" * 32))
-    assert (got, body["error"]["type"]) == (422, "ManifestError")
-    assert "not the one this daemon loaded" in body["error"]["message"]
+    assert (got, body["error"]["type"]) == (409, "ManifestVersionGone")
+    assert "not the one at the origin now" in body["error"]["message"]
 
 
 async def test_a_source_without_manifest_is_a_manifest_error_for_the_client(node, tmp_path):
@@ -224,7 +226,7 @@ async def test_stopping_answers_waiting_long_polls_at_once_and_is_bounded(node):
     daemon = await node.start(drain_timeout=1.0)
     # A block request that will not finish by itself (the manifest is not delayed).
     node.proxy.update(latency_s=30.0, path_contains=node.corpus.manifest.paths[1])
-    client = DaemonClient(node.socket)
+    client = DaemonClient(node.socket, headers={CONSUMER_KEY_HEADER: CONSUMER_KEY})
     try:
         await client.request("PUT", PLAN, body=_plan_body(node, order=[1]))
         poll = asyncio.ensure_future(client.request("GET", f"{PLAN}/ready", params={"position": 0, "timeout": 50},

@@ -153,7 +153,7 @@ async def test_a_manifest_other_than_the_daemons_is_refused(node):
     await node.start()
     session = node.session()
     m = node.corpus.manifest
-    with pytest.raises(ManifestError, match="not the one this daemon loaded"):
+    with pytest.raises(ManifestError, match="not the one at the origin now"):
         await session.open_dataset(SourceConfig(node.proxy.url), manifest=m.filter([i != 3 for i in range(len(m))]))
 
 
