@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from ..config import SourceConfig
 from ..engine import Dataset, Engine
+from ..errors import StagerError
 from ..manifest import Manifest
 from .identity import SourceIdentities
 from .protocol import ManifestVersionGone, manifest_fingerprint
@@ -109,7 +110,12 @@ class DatasetVersions:
 
     async def _prove(self, source: SourceConfig, access: str, wanted: str | None) -> HeldVersion:
         """Read the manifest at the origin with the consumer's own options, and hold what it proves."""
-        dataset = await Dataset.open(source, self.engine.config, self.engine.origin_stats)
+        try:
+            dataset = await Dataset.open(source, self.engine.config, self.engine.origin_stats)
+        except StagerError as exc:  # the message names the URL and the origin's answer, never an option's value
+            log.info("refused dataset %s to storage options new to this daemon: %s: %s", source.url,
+                     type(exc).__name__, exc)
+            raise
         try:
             current = await self._fingerprint(dataset.manifest)
             location = self.identities.location(source)

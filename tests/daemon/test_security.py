@@ -29,7 +29,7 @@ from stager.hashing import blob_digest
 from stager.session import RemoteSession
 from stager.testing.s3server import S3Server
 from tests.daemon.node import FAST_RETRY
-from tests.daemon.support import Corpus, make_corpus, remove_dir, short_dir
+from tests.daemon.support import Corpus, DaemonProcess, make_corpus, remove_dir, short_dir
 
 URL = "s3://bkt/corpus"
 KEY_A = ("akconsumeraaaa01", "skconsumeraaaa0123456789")
@@ -134,6 +134,7 @@ async def test_consumers_without_keys_that_read_the_dataset_are_refused(site, ca
             for method, path, body in routes if options.get("key") else routes[:1]:
                 status, answer = await site.raw(method, path, json=body)
                 assert status >= 400 and "path" not in answer, (what, method, path, answer)
+                assert options.get("secret", "-") not in str(answer) and KEY_A[1] not in str(answer)
                 assert answer["error"]["type"] in stager_errors.__all__, answer
             status, answer = await site.raw("GET", "/v1/consumers/mallory/plans/p0/ready?position=0&timeout=1")
             assert (status, answer["error"]["type"]) == (404, "UnknownPlan"), what
@@ -216,3 +217,34 @@ async def test_a_plan_handle_serves_only_the_consumer_that_registered_it(site):
         assert plan.cursor == 0 and site.daemon.registry.plans()[0].plan.cursor == 0
     finally:
         await session.close()
+
+
+class _VerboseDaemon(DaemonProcess):
+    def command(self) -> list[str]:
+        command = super().command()
+        return [*command[:3], "-vv", *command[3:]]  # python -m stager -vv serve ...
+
+
+async def test_a_real_stager_serve_refuses_a_wrong_key_and_logs_no_secret(site):
+    """The same refusal from ``python -m stager serve`` in a process of its own, with its real log."""
+    await site.daemon.stop()
+    daemon = _VerboseDaemon(site.socket, site.work / "cache").start()
+    session = site.session()
+    try:
+        dataset = await session.open_dataset(SourceConfig(URL, site.options(KEY_A)))
+        plan = await session.plan(dataset, [0, 1])
+        assert (await plan.ready(1)).name == site.corpus.manifest.digest(1)
+        wrong = site.options((KEY_A[0], "skwrongsecret0123456789"))
+        status, answer = await site.raw("PUT", "/v1/consumers/mallory/plans/p0", json=_plan(site, wrong, [2]))
+        assert (status, answer["error"]["type"]) == (502, "AccessDenied"), answer
+        status, answer = await site.raw("GET", "/v1/consumers/mallory/plans/p0/ready?position=0&timeout=1")
+        assert status == 404
+        await session.close()
+        daemon.stop()
+        log = daemon.output()
+        assert "opened dataset s3://bkt/corpus" in log and "refused dataset s3://bkt/corpus" in log, log
+        for secret in (KEY_A[1], "skwrongsecret0123456789"):
+            assert secret not in log
+    finally:
+        await session.close()
+        daemon.kill()
