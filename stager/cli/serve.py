@@ -35,7 +35,8 @@ from .progress import run_async
               show_default=True, help="Seconds without a request or heartbeat after which a consumer's plans "
               "are dropped (at once when its process is seen dead).")
 @click.option("--local-sources/--no-local-sources", default=True, show_default=True,
-              envvar="STAGER_LOCAL_SOURCES", help="Serve datasets on local paths (read with the daemon's permissions).")
+              envvar="STAGER_LOCAL_SOURCES", help="Serve datasets on local paths (read with the daemon's "
+              "permissions); --no-local-sources serves only s3, gs, az and http(s) URLs, nothing chained.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, expose_value=True,
               help="TOML config file (the same as `stager --config FILE serve`).")
 def serve_command(cache_dir: str, capacity: str, concurrency: int, bandwidth: str | None, no_hedge: bool,

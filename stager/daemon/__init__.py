@@ -9,7 +9,10 @@ ahead of its cursor, and eviction sees every consumer's plan.
 How it works: consumers reach the daemon over a Unix socket (``config.py``
 says where; ``listener.py`` keeps other users and a second daemon out) with
 a small JSON API (``api.py``, validated in ``schema.py``, errors and dataset
-fingerprints in ``protocol.py``). A consumer registers plans (a dataset, the
+fingerprints in ``protocol.py``). Each consumer is served only what its own
+storage options can read: datasets are held per credential set and manifest
+version, each proven at the origin (``datasets.py``, keyed by ``identity.py``).
+A consumer registers plans (a dataset, the
 order in which it will read its shards, a cursor); the daemon maps each onto
 an engine plan (``plans.py``, which also drops the plans of consumers that
 went away) and answers readiness long-polls with the path of a complete,
@@ -26,17 +29,20 @@ from typing import TYPE_CHECKING, Any
 
 from .client import DaemonClient, probe
 from .config import DaemonConfig, default_socket_path
-from .protocol import DaemonRequestError, DaemonUnavailable, UnknownPlan, manifest_fingerprint
+from .protocol import (ConsumerKeyMismatch, DaemonRequestError, DaemonUnavailable, ManifestVersionGone, UnknownPlan,
+                       manifest_fingerprint)
 
 if TYPE_CHECKING:
     from .server import Daemon, run_daemon
 
 __all__ = [
+    "ConsumerKeyMismatch",
     "Daemon",
     "DaemonClient",
     "DaemonConfig",
     "DaemonRequestError",
     "DaemonUnavailable",
+    "ManifestVersionGone",
     "UnknownPlan",
     "default_socket_path",
     "manifest_fingerprint",

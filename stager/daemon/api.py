@@ -23,7 +23,11 @@
     POST   /v1/pin, /v1/unpin                        {"dataset"}: keep (or stop keeping) a dataset's blobs
     POST   /v1/evict                                 {"bytes": n}: free at least n bytes, by the usual policy
 
-A SOURCE is ``{"url": ..., "storage_options": {...}}``. Readiness is a
+A SOURCE is ``{"url": ..., "storage_options": {...}}``; every request that
+names one is served by the dataset version opened with exactly those
+options, proven at the origin first (``datasets.py``). Every
+``/v1/consumers/{c}`` request carries the consumer's key in the
+``X-Stager-Consumer-Key`` header (``protocol.py``). Readiness is a
 long-poll: the handler waits for the blob up to the asked timeout (at most
 ``max_poll``) and answers 202 when it is not there yet, so a consumer asks
 again without any busy polling. Every request is validated (``schema.py``);
@@ -40,25 +44,27 @@ import socket
 import struct
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 from aiohttp import web
 
 from .. import __version__
 from ..cache import BlobState
-from ..errors import StagerError
+from ..errors import AccessDenied, ShardNotFound, StagerError
 from ..hashing import block_range
 from . import schema
 from .metrics import CONTENT_TYPE
-from .protocol import (API, API_VERSION, INSTANCE_HEADER, PENDING, DaemonRequestError, DaemonUnavailable, error_body,
-                       error_status)
+from .protocol import (API, API_VERSION, CONSUMER_KEY_HEADER, INSTANCE_HEADER, PENDING, DaemonRequestError,
+                       DaemonUnavailable, error_body, error_status)
 
 if TYPE_CHECKING:
     from .server import Daemon
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 DAEMON = web.AppKey("daemon", object)
+REFUSED_ATTEMPTS = 3  # tries of a blob the origin refused (see _refused_again)
 _ALWAYS_OPEN = ("/healthz", "/metrics", f"{API}/status")
 _UCRED = struct.Struct("3i")
 
@@ -145,10 +151,12 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return schema.parse_json(await request.read())
 
 
-def _ids(request: web.Request) -> tuple[str, str | None]:
+def _ids(request: web.Request) -> tuple[str, str, str | None]:
+    """The consumer id, the consumer's key (from its header) and the plan id of a consumer's route."""
     consumer = schema.ident(request.match_info["consumer"], "consumer id")
+    key = schema.consumer_key(request.headers.get(CONSUMER_KEY_HEADER))
     plan = request.match_info.get("plan")
-    return consumer, (schema.ident(plan, "plan id") if plan is not None else None)
+    return consumer, key, (schema.ident(plan, "plan id") if plan is not None else None)
 
 
 # -- health, metrics, status ----------------------------------------------------------------------
@@ -181,31 +189,32 @@ async def open_dataset(request: web.Request) -> web.Response:
     daemon = _daemon(request)
     body = await _body(request)
     source = schema.source(body.get("dataset"), local_sources=daemon.config.local_sources)
-    dataset, fingerprint = await daemon.open_dataset(source, schema.fingerprint(body.get("fingerprint")))
-    m = dataset.manifest
-    return web.json_response({"name": dataset.name, "shards": len(m), "bytes": m.total_bytes,
-                              "block_size": m.block_size, "fingerprint": fingerprint})
+    async with daemon.datasets.use(source, schema.fingerprint(body.get("fingerprint"))) as (dataset, fingerprint):
+        m = dataset.manifest
+        return web.json_response({"name": dataset.name, "shards": len(m), "bytes": m.total_bytes,
+                                  "block_size": m.block_size, "fingerprint": fingerprint})
 
 
 async def register_plan(request: web.Request) -> web.Response:
     daemon = _daemon(request)
-    consumer, plan_id = _ids(request)
+    consumer, key, plan_id = _ids(request)
     req = schema.plan_request(await _body(request), local_sources=daemon.config.local_sources)
-    dataset, fingerprint = await daemon.open_dataset(req.source, req.fingerprint)
-    order = schema.order(req.order_body, len(dataset.manifest))
-    assert plan_id is not None
-    plan = await daemon.registry.register(consumer, plan_id, dataset, order, fingerprint=fingerprint,
-                                          cursor=req.cursor, window_bytes=req.window_bytes, name=req.name,
-                                          pid=_peer_pid(request))
+    daemon.registry.seen(consumer, key)  # another process's consumer: refused before anything is opened
+    async with daemon.datasets.use(req.source, req.fingerprint) as (dataset, fingerprint):
+        order = schema.order(req.order_body, len(dataset.manifest))
+        assert plan_id is not None
+        plan = await daemon.registry.register(consumer, key, plan_id, dataset, order, fingerprint=fingerprint,
+                                              cursor=req.cursor, window_bytes=req.window_bytes, name=req.name,
+                                              pid=_peer_pid(request))
     return web.json_response({"plan": plan_id, "length": len(plan), "cursor": plan.cursor,
                               "window_bytes": plan.window_bytes, "lease": daemon.config.lease})
 
 
 async def advance(request: web.Request) -> web.Response:
     daemon = _daemon(request)
-    consumer, plan_id = _ids(request)
+    consumer, key, plan_id = _ids(request)
     assert plan_id is not None
-    plan = daemon.registry.get(consumer, plan_id).plan
+    plan = daemon.registry.get(consumer, key, plan_id).plan
     body = await _body(request)
     position = schema.integer(body.get("position"), "position", high=len(plan))
     # Blobs the consumer found complete in the cache by itself, without asking: served from the cache too.
@@ -219,9 +228,9 @@ async def advance(request: web.Request) -> web.Response:
 
 async def plan_ready(request: web.Request) -> web.Response:
     daemon = _daemon(request)
-    consumer, plan_id = _ids(request)
+    consumer, key, plan_id = _ids(request)
     assert plan_id is not None
-    plan = daemon.registry.get(consumer, plan_id).plan
+    plan = daemon.registry.get(consumer, key, plan_id).plan
     if not len(plan):
         raise DaemonRequestError("position: the plan is empty")
     position = schema.integer(request.query.get("position"), "position", high=len(plan) - 1)
@@ -229,54 +238,75 @@ async def plan_ready(request: web.Request) -> web.Response:
                              high=daemon.config.max_poll)
     ref = plan.ref(position)
     again = request.query.get("again") == "1"
-    return await _long_poll(daemon, ref.digest, ref.size, plan.ready(position), timeout, again, position=position)
+    return await _long_poll(daemon, ref.digest, ref.size, _refused_again(lambda: plan.ready(position)), timeout,
+                            again, position=position)
+
+
+async def _refused_again(attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``, again when the origin refused it, a bounded number of times.
+
+    The engine fetches each blob once however many plans want it, through the
+    store of whichever consumer asked first: a refusal (a denied key, an
+    object its endpoint lacks) may be another consumer's. Asked again, the
+    blob is fetched through this consumer's own store unless another fetch is
+    under way; these errors are never retried at the origin, so a consumer
+    refused with its own keys learns it after a few quick round trips.
+    """
+    for _ in range(REFUSED_ATTEMPTS - 1):
+        try:
+            return await attempt()
+        except (AccessDenied, ShardNotFound):
+            pass
+    return await attempt()
 
 
 async def close_plan(request: web.Request) -> web.Response:
-    consumer, plan_id = _ids(request)
+    consumer, key, plan_id = _ids(request)
     assert plan_id is not None
-    return web.json_response({"closed": await _daemon(request).registry.close(consumer, plan_id)})
+    return web.json_response({"closed": await _daemon(request).registry.close(consumer, key, plan_id)})
 
 
 async def heartbeat(request: web.Request) -> web.Response:
     daemon = _daemon(request)
-    consumer, _ = _ids(request)
-    record = daemon.registry.seen(consumer, _peer_pid(request))
+    consumer, key, _ = _ids(request)
+    record = daemon.registry.seen(consumer, key, _peer_pid(request))
     engine = daemon.engine
     counters = {**engine.stats.as_dict(), **{f"origin_{k}": v for k, v in engine.origin_stats.snapshot().items()}}
     return web.json_response({"plans": sorted(record.plans), "lease": daemon.config.lease, "counters": counters})
 
 
 async def drop_consumer(request: web.Request) -> web.Response:
-    consumer, _ = _ids(request)
-    return web.json_response({"closed": await _daemon(request).registry.drop(consumer)})
+    consumer, key, _ = _ids(request)
+    return web.json_response({"closed": await _daemon(request).registry.drop(consumer, key)})
 
 
 async def block_ready(request: web.Request) -> web.Response:
     daemon = _daemon(request)
     body = await _body(request)
     source = schema.source(body.get("dataset"), local_sources=daemon.config.local_sources)
-    dataset, _ = await daemon.open_dataset(source, schema.fingerprint(body.get("fingerprint")))
-    if not len(dataset.manifest):
-        raise DaemonRequestError("index: the dataset has no shards")
-    index = schema.integer(body.get("index"), "index", high=len(dataset.manifest) - 1)
-    ref = dataset.ref(index)
-    if not ref.blocks:
-        raise DaemonRequestError(f"block: shard {index} is empty")
-    block = schema.integer(body.get("block"), "block", high=len(ref.blocks) - 1)
-    timeout = schema.seconds(body.get("timeout", daemon.config.max_poll), "timeout", high=daemon.config.max_poll)
-    cache = daemon.engine.cache
-    start, end = block_range(block, ref.size, ref.block_size)
+    async with daemon.datasets.use(source, schema.fingerprint(body.get("fingerprint"))) as (dataset, _):
+        if not len(dataset.manifest):
+            raise DaemonRequestError("index: the dataset has no shards")
+        index = schema.integer(body.get("index"), "index", high=len(dataset.manifest) - 1)
+        ref = dataset.ref(index)
+        if not ref.blocks:
+            raise DaemonRequestError(f"block: shard {index} is empty")
+        block = schema.integer(body.get("block"), "block", high=len(ref.blocks) - 1)
+        timeout = schema.seconds(body.get("timeout", daemon.config.max_poll), "timeout", high=daemon.config.max_poll)
+        cache = daemon.engine.cache
+        start, end = block_range(block, ref.size, ref.block_size)
 
-    async def verified() -> dict[str, Any]:
-        if cache.state(ref.digest) is not BlobState.COMPLETE:
-            await daemon.engine.read_block(ref, block)  # this block alone, urgently; the bytes stay here
-            await daemon.block_recorded(ref, block)  # and on disk, where the consumer will read it
-        complete = cache.state(ref.digest) is BlobState.COMPLETE
-        return {"path": str(cache.complete_path(ref.digest)) if complete else None}
+        async def verified() -> dict[str, Any]:
+            if cache.state(ref.digest) is not BlobState.COMPLETE:
+                # This block alone, urgently; the bytes stay here and on disk, where the consumer reads them.
+                await _refused_again(lambda: daemon.engine.read_block(ref, block))
+                await daemon.block_recorded(ref, block)
+            complete = cache.state(ref.digest) is BlobState.COMPLETE
+            return {"path": str(cache.complete_path(ref.digest)) if complete else None}
 
-    again = body.get("again") is True
-    return await _long_poll(daemon, ref.digest, end - start, verified(), timeout, again, index=index, block=block)
+        again = body.get("again") is True
+        return await _long_poll(daemon, ref.digest, end - start, verified(), timeout, again, index=index,
+                                block=block)
 
 
 async def _long_poll(daemon: "Daemon", digest: str, nbytes: int, waiting: Awaitable[Path | dict[str, Any]],
@@ -327,9 +357,9 @@ async def _pin(request: web.Request, keep: bool) -> web.Response:
     daemon = _daemon(request)
     body = await _body(request)
     source = schema.source(body.get("dataset"), local_sources=daemon.config.local_sources)
-    dataset, _ = await daemon.open_dataset(source, schema.fingerprint(body.get("fingerprint")))
-    count = await daemon.pin_dataset(dataset, keep)
-    return web.json_response({"pinned" if keep else "unpinned": count, "name": dataset.name})
+    async with daemon.datasets.use(source, schema.fingerprint(body.get("fingerprint"))) as (dataset, _):
+        count = await daemon.pin_dataset(dataset, keep)
+        return web.json_response({"pinned" if keep else "unpinned": count, "name": dataset.name})
 
 
 async def evict(request: web.Request) -> web.Response:

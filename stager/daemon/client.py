@@ -33,9 +33,11 @@ class DaemonClient:
     daemon and runs the engine itself never needs it.
     """
 
-    def __init__(self, socket_path: str | Path, *, connect_timeout: float = 5.0) -> None:
+    def __init__(self, socket_path: str | Path, *, connect_timeout: float = 5.0,
+                 headers: dict[str, str] | None = None) -> None:
         self.socket_path = Path(socket_path)
         self.connect_timeout = connect_timeout
+        self.headers = dict(headers or {})  # sent with every request (a consumer's key)
         self._session: aiohttp.ClientSession | None = None
         self.instance: str | None = None  # the X-Stager-Instance of the last answer
 
@@ -60,7 +62,7 @@ class DaemonClient:
 
         client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=self.connect_timeout)
         try:
-            async with self._client().request(method, path, json=body, params=params,
+            async with self._client().request(method, path, json=body, params=params, headers=self.headers,
                                               timeout=client_timeout) as response:
                 self.instance = response.headers.get("X-Stager-Instance", self.instance)
                 try:

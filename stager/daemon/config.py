@@ -78,7 +78,8 @@ class DaemonConfig:
         max_request_bytes: the largest request body accepted (plans of a
             million shards are about 11 MB).
         local_sources: allow datasets on local paths (``file://`` or a bare
-            absolute path), read with the daemon's own permissions.
+            absolute path), read with the daemon's own permissions; false:
+            only the remote protocols of ``schema.REMOTE_PROTOCOLS``, unchained.
     """
 
     socket: Path = field(default_factory=default_socket_path)

@@ -13,11 +13,18 @@ consumer whose lease ran out, or at once when the process that registered it
 (its pid from the socket's peer credentials, with start time and boot id) is
 dead. A consumer whose plans were dropped gets :class:`UnknownPlan` on its
 next request and registers them again.
+
+A consumer is bound to the key it sent with its first request (see
+``protocol.py``): only a digest of the key is kept, compared in constant
+time, and a request naming the consumer with another key is refused with
+:class:`ConsumerKeyMismatch` before it can see or touch a plan.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -27,7 +34,7 @@ import numpy as np
 
 from ..cache.liveness import ProcessIdentity, boot_id, is_alive, process_start
 from ..engine import Dataset, Engine, Plan
-from .protocol import UnknownPlan
+from .protocol import ConsumerKeyMismatch, UnknownPlan
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,7 @@ class ConsumerRecord:
     id: str
     identity: ProcessIdentity | None  # None when the peer's pid is not visible here
     last_seen: float
+    key_digest: bytes  # SHA-256 of the consumer's key; the key itself is not kept
     plans: dict[str, RegisteredPlan] = field(default_factory=dict)
 
 
@@ -71,14 +79,20 @@ class PlanRegistry:
 
     # -- consumers ------------------------------------------------------------------------------
 
-    def seen(self, consumer_id: str, pid: int | None = None) -> ConsumerRecord:
-        """Record a request from ``consumer_id`` (creating it), renewing its lease."""
+    def seen(self, consumer_id: str, key: str, pid: int | None = None) -> ConsumerRecord:
+        """Record a request from ``consumer_id`` with its ``key`` (creating it), renewing its lease.
+
+        Raises:
+            ConsumerKeyMismatch: the consumer is known with another key.
+        """
         now = self._clock()
         record = self._consumers.get(consumer_id)
         if record is None:
-            record = ConsumerRecord(consumer_id, identify(pid), now)
+            record = ConsumerRecord(consumer_id, identify(pid), now, _digest(key))
             self._consumers[consumer_id] = record
-        elif pid and (record.identity is None or record.identity.pid != pid):
+        else:
+            _check(record, key)
+        if pid and (record.identity is None or record.identity.pid != pid):
             record.identity = identify(pid)  # the same id from another process: follow the newest
         record.last_seen = now
         return record
@@ -90,22 +104,33 @@ class PlanRegistry:
     def plans(self) -> list[RegisteredPlan]:
         return [p for c in self._consumers.values() for p in c.plans.values()]
 
-    async def drop(self, consumer_id: str) -> int:
-        """Close every plan of a consumer and forget it; returns how many plans were closed."""
-        record = self._consumers.pop(consumer_id, None)
+    async def drop(self, consumer_id: str, key: str | None = None) -> int:
+        """Close every plan of a consumer and forget it; returns how many plans were closed.
+
+        Raises:
+            ConsumerKeyMismatch: ``key`` is given and is not the consumer's.
+        """
+        record = self._consumers.get(consumer_id)
         if record is None:
             return 0
+        if key is not None:
+            _check(record, key)
+        del self._consumers[consumer_id]
         for registered in list(record.plans.values()):
             await registered.plan.close()
         return len(record.plans)
 
     # -- plans ----------------------------------------------------------------------------------
 
-    async def register(self, consumer_id: str, plan_id: str, dataset: Dataset, order: np.ndarray | None, *,
-                       fingerprint: str, cursor: int = 0, window_bytes: int | None = None,
-                       name: str | None = None, pid: int | None = None) -> Plan:
-        """Create (or replace) a consumer's plan, prefetching from ``cursor``."""
-        record = self.seen(consumer_id, pid)
+    async def register(self, consumer_id: str, key: str, plan_id: str, dataset: Dataset,
+                       order: np.ndarray | None, *, fingerprint: str, cursor: int = 0,
+                       window_bytes: int | None = None, name: str | None = None, pid: int | None = None) -> Plan:
+        """Create (or replace) a consumer's plan, prefetching from ``cursor``.
+
+        Raises:
+            ConsumerKeyMismatch: the consumer is known with another key.
+        """
+        record = self.seen(consumer_id, key, pid)
         old = record.plans.pop(plan_id, None)
         if old is not None:
             await old.plan.close()
@@ -120,13 +145,16 @@ class PlanRegistry:
         record.plans[plan_id] = RegisteredPlan(consumer_id, plan_id, plan, fingerprint, time.time())
         return plan
 
-    def get(self, consumer_id: str, plan_id: str) -> RegisteredPlan:
+    def get(self, consumer_id: str, key: str, plan_id: str) -> RegisteredPlan:
         """A registered plan; renews the consumer's lease.
 
         Raises:
             UnknownPlan: no such consumer or plan here (register it again).
+            ConsumerKeyMismatch: the consumer is known with another key.
         """
         record = self._consumers.get(consumer_id)
+        if record is not None:
+            _check(record, key)
         registered = record.plans.get(plan_id) if record is not None else None
         if registered is None:
             raise UnknownPlan(f"no plan {plan_id!r} of consumer {consumer_id!r} in this daemon "
@@ -134,8 +162,15 @@ class PlanRegistry:
         record.last_seen = self._clock()
         return registered
 
-    async def close(self, consumer_id: str, plan_id: str) -> bool:
+    async def close(self, consumer_id: str, key: str, plan_id: str) -> bool:
+        """Close one plan; whether there was one.
+
+        Raises:
+            ConsumerKeyMismatch: the consumer is known with another key.
+        """
         record = self._consumers.get(consumer_id)
+        if record is not None:
+            _check(record, key)
         registered = record.plans.pop(plan_id, None) if record is not None else None
         if registered is None:
             return False
@@ -168,3 +203,13 @@ class PlanRegistry:
     async def close_all(self) -> None:
         for consumer_id in list(self._consumers):
             await self.drop(consumer_id)
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def _check(record: ConsumerRecord, key: str) -> None:
+    if not hmac.compare_digest(record.key_digest, _digest(key)):
+        raise ConsumerKeyMismatch(f"consumer {record.id!r} is another process's: the request does not carry "
+                                  "its key")

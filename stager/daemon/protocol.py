@@ -17,6 +17,13 @@ may hold credentials: the socket is private, and neither side logs them) and
 by the *fingerprint* of its manifest, an xxh3-128 over the shards' digests in
 manifest order. Both sides load and validate the manifest themselves; equal
 fingerprints mean that a position means the same blob on both sides.
+
+A consumer's plans are bound to it: every request about consumer ``c``
+carries, in the ``X-Stager-Consumer-Key`` header, a random key the consumer
+made for itself; the daemon keeps a digest of the key it first saw for ``c``
+and refuses requests with another (:class:`ConsumerKeyMismatch`), so knowing a
+consumer's id (``stager status`` shows it) does not let anyone else read,
+move or close its plans.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from ..manifest import Manifest
 API = "/v1"
 API_VERSION = 1
 INSTANCE_HEADER = "X-Stager-Instance"
+CONSUMER_KEY_HEADER = "X-Stager-Consumer-Key"
 
 #: A readiness answer that says "not yet, ask again".
 PENDING = 202
@@ -50,8 +58,17 @@ class UnknownPlan(DaemonRequestError, LookupError):
     """The daemon holds no such plan (it restarted, or the consumer's lease expired): register it again."""
 
 
+class ConsumerKeyMismatch(DaemonRequestError, PermissionError):
+    """The request does not carry the key of the consumer it names (another process's plans)."""
+
+
+class ManifestVersionGone(DaemonRequestError, _errors.ManifestError):
+    """The consumer's manifest is neither the origin's current one nor a version the daemon still holds."""
+
+
 _DAEMON_ERRORS: dict[str, type[StagerError]] = {
-    cls.__name__: cls for cls in (DaemonUnavailable, DaemonRequestError, UnknownPlan)
+    cls.__name__: cls for cls in (DaemonUnavailable, DaemonRequestError, UnknownPlan, ConsumerKeyMismatch,
+                                  ManifestVersionGone)
 }
 
 
@@ -59,6 +76,10 @@ def error_status(exc: BaseException) -> int:
     """The HTTP status for an error raised while serving a request."""
     if isinstance(exc, UnknownPlan):
         return 404
+    if isinstance(exc, ConsumerKeyMismatch):
+        return 403
+    if isinstance(exc, ManifestVersionGone):
+        return 409
     if isinstance(exc, DaemonRequestError):
         return 400
     if isinstance(exc, DaemonUnavailable):

@@ -30,19 +30,52 @@ MAX_URL = 4096
 MAX_NAME = 256
 MAX_PLAN = 1 << 31
 MAX_STORAGE_OPTIONS = 64 << 10  # bytes of JSON
+MAX_DEPTH = 32  # levels of nesting in a body; storage options need a handful
 LOCAL_PROTOCOLS = ("file", "local")
+#: What a daemon that does not serve local sources reads: remote object stores and web servers only.
+#: An allow-list, because fsspec's wrappers (simplecache::, filecache, blockcache, zip, tar, reference,
+#: memory, ...) and their target_protocol / fo options can make any other URL read the daemon's disk.
+REMOTE_PROTOCOLS = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "http", "https")
+#: Storage options that make a filesystem read through another one (fsspec's chaining).
+CHAINING_OPTIONS = frozenset({"target_protocol", "target_options", "fo", "remote_protocol", "remote_options",
+                              "protocol", "fs"})
+_KEY_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """A request body: a JSON object."""
+    """A request body: a JSON object nested at most :data:`MAX_DEPTH` levels deep."""
     if not raw:
         raise DaemonRequestError("the request needs a JSON object as its body")
     try:
         value = json.loads(raw)
+    except RecursionError:  # json recurses once per level: a body nested thousands deep
+        raise DaemonRequestError(f"the body nests deeper than {MAX_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise DaemonRequestError(f"the body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise DaemonRequestError("the body must be a JSON object")
+    if _depth_exceeds(value, MAX_DEPTH):
+        raise DaemonRequestError(f"the body nests deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests deeper than ``limit`` (iterative: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def consumer_key(value: str | None) -> str:
+    """The key a consumer sends in ``X-Stager-Consumer-Key`` (16-128 of ``A-Z a-z 0-9 _ -``)."""
+    if value is None or not _KEY_RE.fullmatch(value):
+        raise DaemonRequestError("X-Stager-Consumer-Key: a consumer's requests need its key, 16-128 letters, "
+                                 "digits, _ or - (the consumer makes one at random)")
     return value
 
 
@@ -108,7 +141,8 @@ def source(value: Any, *, local_sources: bool) -> SourceConfig:
     if not isinstance(url, str) or not url or len(url) > MAX_URL or not url.isprintable():
         raise DaemonRequestError(f"dataset.url: expected a printable URL or path of 1-{MAX_URL} characters")
     protocol, path = split_protocol(url)
-    if (protocol or "file").lower() in LOCAL_PROTOCOLS:
+    protocol = (protocol or "file").lower()
+    if protocol in LOCAL_PROTOCOLS:
         if not local_sources:
             raise DaemonRequestError(f"dataset.url {url!r}: this daemon does not serve local paths "
                                      "(local_sources = false)")
@@ -120,7 +154,21 @@ def source(value: Any, *, local_sources: bool) -> SourceConfig:
         raise DaemonRequestError("dataset.storage_options: expected an object with string keys")
     if len(json.dumps(options)) > MAX_STORAGE_OPTIONS:
         raise DaemonRequestError(f"dataset.storage_options: larger than {MAX_STORAGE_OPTIONS} bytes")
+    if not local_sources:
+        _remote_only(url, protocol, options)
     return SourceConfig(url=url, storage_options=options)
+
+
+def _remote_only(url: str, protocol: str, options: Mapping[str, Any]) -> None:
+    """Refuse a source that could end up reading the daemon's own disk: one protocol, from the allow-list,
+    nothing chained (``a::b``) and no option that names another filesystem to read through."""
+    if "::" in url or protocol not in REMOTE_PROTOCOLS:
+        raise DaemonRequestError(f"dataset.url {url!r}: this daemon serves only {', '.join(REMOTE_PROTOCOLS)} "
+                                 f"URLs, without chaining (local_sources = false)")
+    chained = sorted(CHAINING_OPTIONS & {k.lower() for k in options})
+    if chained:
+        raise DaemonRequestError(f"dataset.storage_options: {', '.join(chained)} would read through another "
+                                 "filesystem; this daemon serves only remote stores (local_sources = false)")
 
 
 def order(body: Mapping[str, Any], shards: int) -> np.ndarray | None:

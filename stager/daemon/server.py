@@ -37,15 +37,15 @@ from aiohttp import web
 
 from .. import __version__
 from ..cache import BlobState, CacheTier
-from ..config import CacheConfig, FetchConfig, SourceConfig
+from ..config import CacheConfig, FetchConfig
 from ..engine import BlobRef, Dataset, Engine
-from ..errors import ConfigError, ManifestError
+from ..errors import ConfigError
 from .api import build_app, build_metrics_app
 from .config import DaemonConfig, parse_address
+from .datasets import DatasetVersions
 from .listener import SocketOwner
 from .metrics import DaemonMetrics, DaemonSnapshot, PlanSnapshot
 from .plans import PlanRegistry
-from .protocol import manifest_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,9 @@ class Daemon:
         self._engine: Engine | None = None
         self._registry: PlanRegistry | None = None
         self._runners: list[web.AppRunner] = []
-        self._datasets: dict[str, tuple[Dataset, str]] = {}
-        self._opening: dict[str, asyncio.Lock] = {}
+        self._datasets: DatasetVersions | None = None
         self._queries = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stager-daemon")
-        self._reaper: asyncio.Task[None] | None = None
+        self._reapers: list[asyncio.Task[None]] = []
         self._stop_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._block_written = asyncio.Event()  # replaced by a fresh one each time a block is recorded
@@ -122,6 +121,7 @@ class Daemon:
             self._engine = Engine(self._cache, self.fetch)
             self._engine.add_block_listener(self._on_block)
             self._registry = PlanRegistry(self._engine, self.config.lease)
+            self._datasets = DatasetVersions(self._engine, idle=self.config.lease)
             runner = await self._runner(build_app(self))
             await web.SockSite(runner, self._owner.bind()).start()
             if self.config.metrics_address:
@@ -133,8 +133,9 @@ class Daemon:
                     raise ConfigError(f"--metrics-address {self.config.metrics_address}: cannot listen there: "
                                       f"{exc.strerror or exc}") from exc
                 self.metrics_port = runner.addresses[0][1] if runner.addresses else None
-            self._reaper = asyncio.create_task(self.registry.run_reaper(min(5.0, self.config.lease / 4)),
-                                               name="stager lease reaper")
+            interval = min(5.0, self.config.lease / 4)
+            self._reapers = [asyncio.create_task(self.registry.run_reaper(interval), name="stager lease reaper"),
+                             asyncio.create_task(self._drop_idle_datasets(interval), name="stager dataset reaper")]
         except BaseException:
             await self._close()
             raise
@@ -152,28 +153,11 @@ class Daemon:
 
     # -- what the API asks of it -------------------------------------------------------------------
 
-    async def open_dataset(self, source: SourceConfig, fingerprint: str | None = None) -> tuple[Dataset, str]:
-        """The dataset at ``source`` (opened once; its manifest loaded and validated here) and its fingerprint.
-
-        Raises:
-            ManifestError: no valid manifest, or not the manifest the consumer has (``fingerprint``).
-            OriginError, ConfigError: the source cannot be opened.
-        """
-        key = source.url
-        lock = self._opening.setdefault(key, asyncio.Lock())
-        async with lock:  # two consumers opening one dataset load its manifest once
-            entry = self._datasets.get(key)
-            if entry is None:
-                dataset = await self.engine.open_dataset(source)
-                entry = (dataset, await self._in_thread(manifest_fingerprint, dataset.manifest))
-                self._datasets[key] = entry
-                log.info("opened dataset %s: %d shards, %d bytes", dataset.name, len(dataset.manifest),
-                         dataset.manifest.total_bytes)
-        dataset, ours = entry
-        if fingerprint is not None and fingerprint != ours:
-            raise ManifestError(f"{dataset.name}: the consumer's manifest is not the one this daemon loaded "
-                                "(the dataset was indexed again since); restart the daemon to load the new one")
-        return entry
+    @property
+    def datasets(self) -> DatasetVersions:
+        """The dataset versions held for consumers, each proven with its own credentials (``datasets.py``)."""
+        assert self._datasets is not None, "the daemon is not started"
+        return self._datasets
 
     async def block_recorded(self, ref: BlobRef, block: int) -> None:
         """Wait until block ``block`` of ``ref`` is recorded as verified in the cache, so that another
@@ -257,7 +241,7 @@ class Daemon:
         return DaemonSnapshot(
             engine=engine.stats.as_dict(), origin=engine.origin_stats.snapshot(), usage=usage,
             evicted_blobs=cache.evicted_blobs, evicted_bytes=cache.evicted_bytes, plans=plans,
-            consumers=len(registry.consumers), datasets=len(self._datasets), draining=self.draining,
+            consumers=len(registry.consumers), datasets=len(self.datasets), draining=self.draining,
             started=self.started, cache=str(cache.directory), socket=str(self.config.socket))
 
     async def status(self) -> dict[str, Any]:
@@ -320,14 +304,25 @@ class Daemon:
         for _ in range(self.fetch.concurrency):
             await gate.acquire(-math.inf)
 
+    async def _drop_idle_datasets(self, interval: float) -> None:
+        """Every ``interval`` seconds, drop the dataset versions no consumer used for a lease."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.datasets.drop_idle(reg.plan.dataset for reg in self.registry.plans())
+            except Exception:  # noqa: BLE001 - the reaper must outlive one bad round
+                log.exception("dropping idle datasets failed")
+
     async def _close(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
+        for reaper in self._reapers:
+            reaper.cancel()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
         if self._engine is not None:
             await self._engine.close()
+        if self._datasets is not None:
+            await self._datasets.close()
         if self._cache is not None:
             await self._in_thread(self._cache.close)
         self._queries.shutdown(wait=False)

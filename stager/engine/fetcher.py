@@ -55,7 +55,7 @@ import xxhash
 from ..cache import BlobState
 from ..cache.direct import ALIGN as DIRECT_ALIGN
 from ..cache.fileio import cut_views
-from ..errors import CacheError, CorruptData, StagerError
+from ..errors import AccessDenied, CacheError, CorruptData, ShardNotFound, StagerError
 from ..hashing import block_digest, block_range
 from ..store import RangeSink
 from .hedging import hedged
@@ -398,6 +398,8 @@ class BlobJob:
             block.future.set_exception(error)
         if isinstance(error, CacheError):
             raise error  # the partial file cannot take blocks (evicted, disk full): the next want begins anew
+        if isinstance(error, (AccessDenied, ShardNotFound)):
+            raise error  # refused through this job's store (its consumer's keys): the next want begins anew
         if self._whole is not None and not self._whole.done():
             self._whole.set_exception(error)  # the whole blob fails with its first failed block
             self._whole = None

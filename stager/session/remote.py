@@ -27,6 +27,17 @@ then on. A heartbeat keeps the consumer's lease while its event loop runs, and
 re-registers plans a restarted daemon no longer has even while the consumer
 is not asking for anything.
 
+The daemon holds every manifest version its consumers bring (a dataset
+indexed again while they read is a second version), reading each with the
+consumer's own storage options. Only a consumer whose manifest is neither
+the origin's current one nor a version the daemon still holds (the daemon
+restarted after a re-index) is refused (:class:`ManifestVersionGone`); the
+session then falls back to an engine of its own, on its own manifest, when
+allowed. Every request carries a key this process made at random, which
+binds its plans to it at the daemon; should another process have taken the
+consumer's id while the daemon had forgotten it (its lease ran out), the
+session goes on under a new id, its plans registered again at their cursors.
+
 :func:`open_session` chooses: the daemon when one answers on the socket and
 serves the consumer's cache directory, an embedded engine otherwise.
 """
@@ -53,7 +64,8 @@ from ..cache.layout import CacheLayout
 from ..config import CacheConfig, FetchConfig, SourceConfig
 from ..daemon.client import DaemonClient, probe
 from ..daemon.config import default_socket_path
-from ..daemon.protocol import API, PENDING, DaemonUnavailable, UnknownPlan, manifest_fingerprint
+from ..daemon.protocol import (API, CONSUMER_KEY_HEADER, PENDING, ConsumerKeyMismatch, DaemonUnavailable,
+                               ManifestVersionGone, UnknownPlan, manifest_fingerprint)
 from ..errors import CacheError, ConfigError, DaemonError, StagerError
 from ..hashing import block_range
 from ..manifest import Manifest, load_manifest
@@ -261,7 +273,7 @@ class RemoteSession(Session):
         self.reconnect_timeout = reconnect_timeout
         self.poll_timeout = poll_timeout
         self._pid = os.getpid()
-        self.consumer_id = _consumer_id()
+        self.consumer_id, self._consumer_key = _consumer_id(), secrets.token_urlsafe(24)
         self.layout = CacheLayout(cache.directory)
         self._http: DaemonClient | None = None
         self._plans: set[RemotePlan] = set()
@@ -291,8 +303,9 @@ class RemoteSession(Session):
     def _client(self) -> DaemonClient:
         if self._pid != os.getpid():  # forked (a data loader worker): a new process is a new consumer
             self._pid, self.consumer_id, self._http = os.getpid(), _consumer_id(), None
+            self._consumer_key = secrets.token_urlsafe(24)
         if self._http is None:
-            self._http = DaemonClient(self.socket_path)
+            self._http = DaemonClient(self.socket_path, headers={CONSUMER_KEY_HEADER: self._consumer_key})
         return self._http
 
     # -- Session ---------------------------------------------------------------------------------
@@ -488,6 +501,14 @@ class RemoteSession(Session):
             except DaemonUnavailable as exc:
                 log.info("lost the daemon at %s (%s); reconnecting", self.socket_path, exc)
                 await self._recover(generation)
+            except ManifestVersionGone as exc:  # our manifest is older than any the daemon can serve
+                if not self.fallback:
+                    raise
+                async with self._recovering:
+                    if self._embedded is None:
+                        await self._fall_back(exc)
+            except ConsumerKeyMismatch as exc:
+                await self._new_identity(generation, exc)
         raise DaemonError(f"the daemon at {self.socket_path} keeps going away; giving up")
 
     async def _recover(self, generation: int) -> None:
@@ -516,9 +537,28 @@ class RemoteSession(Session):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, BACKOFF_MAX)
             if not self.fallback:
+                if isinstance(last, ManifestVersionGone):
+                    raise last
                 raise DaemonUnavailable(f"the daemon at {self.socket_path} did not come back within "
                                         f"{self.reconnect_timeout:.0f}s: {last}") from last
             await self._fall_back(last)
+
+    async def _new_identity(self, generation: int, reason: BaseException) -> None:
+        """Go on as a new consumer (every open plan registered again at its cursor): another process took
+        this consumer's id while the daemon had forgotten it (its lease ran out), and the daemon refuses
+        our key for it."""
+        async with self._recovering:
+            if generation != self._generation or self._embedded is not None:
+                return  # another call did meanwhile
+            old = self.consumer_id
+            self.consumer_id, self._consumer_key = _consumer_id(), secrets.token_urlsafe(24)
+            self._client().headers[CONSUMER_KEY_HEADER] = self._consumer_key
+            log.warning("the daemon at %s refused consumer id %s to this process (%s); going on as %s",
+                        self.socket_path, old, reason, self.consumer_id)
+            for plan in list(self._plans):
+                if not plan.closed:
+                    await plan.register()
+            self._generation += 1
 
     async def _reconnect(self) -> None:
         _, health = await self._client().request("GET", "/healthz", timeout=REQUEST_TIMEOUT)

@@ -130,7 +130,11 @@ class S3Server:
 
     Args:
         root: directory whose subfolders are the buckets (created if missing).
-        access_key, secret_key: the only accepted credentials (12+ characters).
+        access_key, secret_key: the credentials the admin requests use (12+ characters).
+        extra_keys: more (access key, secret key) pairs the server accepts too
+            (a second consumer with keys of its own).
+        port: listen on this port (e.g. to restart with other keys where
+            clients expect the server); default: a fresh free port each start.
         etag_hash: rclone ``--etag-hash`` ("MD5", or "" for no ETag, fast).
         log_dir: where the rclone log goes (default: root's parent).
         extra_args: more rclone flags.
@@ -149,9 +153,11 @@ class S3Server:
         etag_hash: str = "MD5",
         log_dir: str | os.PathLike | None = None,
         extra_args: tuple[str, ...] = (),
+        extra_keys: tuple[tuple[str, str], ...] = (),
+        port: int | None = None,
         start: bool = True,
     ) -> None:
-        if len(access_key) < 12 or len(secret_key) < 12:
+        if any(len(k) < 12 or len(s) < 12 for k, s in ((access_key, secret_key), *extra_keys)):
             raise ValueError("rclone S3 keys must be at least 12 characters")
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -160,6 +166,8 @@ class S3Server:
         self.etag_hash = etag_hash
         self.log_dir = Path(log_dir) if log_dir is not None else self.root.parent
         self.extra_args = tuple(extra_args)
+        self.extra_keys = tuple(extra_keys)
+        self.fixed_port = port
         self.port: int | None = None
         self.log_path: Path | None = None
         self._proc: subprocess.Popen | None = None
@@ -180,6 +188,7 @@ class S3Server:
             f"127.0.0.1:{port}",
             "--auth-key",
             f"{self.access_key},{self.secret_key}",
+            *(arg for key, secret in self.extra_keys for arg in ("--auth-key", f"{key},{secret}")),
             "--dir-cache-time",
             "0s",
             "--poll-interval",
@@ -208,7 +217,7 @@ class S3Server:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         last_error = ""
         for _ in range(_START_ATTEMPTS):
-            port = free_port()
+            port = self.fixed_port or free_port()
             log_path = self.log_dir / f"rclone-{port}.log"
             with open(log_path, "wb") as log:
                 in_main = threading.current_thread() is threading.main_thread()
@@ -285,13 +294,15 @@ class S3Server:
     @property
     def credentials(self) -> dict[str, str]:
         """access key -> secret key (what `FaultProxy` needs to re-sign requests)."""
-        return {self.access_key: self.secret_key}
+        return {self.access_key: self.secret_key, **dict(self.extra_keys)}
 
-    def storage_options(self, endpoint_url: str | None = None) -> dict:
-        """fsspec/s3fs storage options for this server (or a proxy in front of it)."""
+    def storage_options(self, endpoint_url: str | None = None, *, keys: tuple[str, str] | None = None) -> dict:
+        """fsspec/s3fs storage options for this server (or a proxy in front of it); ``keys``: another
+        (access key, secret key) pair than the admin's, e.g. one of ``extra_keys`` or a wrong one."""
+        key, secret = keys or (self.access_key, self.secret_key)
         return {
-            "key": self.access_key,
-            "secret": self.secret_key,
+            "key": key,
+            "secret": secret,
             "client_kwargs": {
                 "endpoint_url": endpoint_url or self.endpoint_url,
                 "region_name": REGION,

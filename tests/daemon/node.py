@@ -14,10 +14,12 @@ import pytest
 
 from stager.config import CacheConfig, FetchConfig, RetryConfig
 from stager.daemon import Daemon, DaemonConfig
+from stager.daemon.protocol import CONSUMER_KEY_HEADER
 from stager.session import RemoteSession
 from stager.testing import FaultProxy
 from tests.daemon.support import Corpus, make_corpus, remove_dir, short_dir
 
+CONSUMER_KEY = "raw-test-consumer-key-0001"
 FAST_RETRY = RetryConfig(attempts=4, backoff_base=0.01, backoff_max=0.05, deadline=2.0, request_timeout=2.0)
 
 
@@ -55,8 +57,12 @@ class Node:
         self.sessions.append(session)
         return session
 
-    async def raw(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
-        """One request as any client could send it; the status and the decoded JSON (or text)."""
+    async def raw(self, method: str, path: str, *, consumer_key: str | None = CONSUMER_KEY,
+                  **kwargs: Any) -> tuple[int, Any]:
+        """One request as any client could send it (with ``consumer_key`` in its header unless None);
+        the status and the decoded JSON (or text)."""
+        if consumer_key is not None:
+            kwargs["headers"] = {CONSUMER_KEY_HEADER: consumer_key, **kwargs.get("headers", {})}
         async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(self.socket))) as client:
             async with client.request(method, f"http://stager{path}", **kwargs) as response:
                 text = await response.text()

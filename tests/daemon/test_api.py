@@ -14,7 +14,9 @@ import pytest
 from stager.config import FetchConfig, RetryConfig, SourceConfig
 from stager.daemon import DaemonUnavailable, manifest_fingerprint
 from stager.daemon.client import DaemonClient
+from stager.daemon.protocol import CONSUMER_KEY_HEADER
 from stager.errors import ManifestError, OriginUnavailable, ShardNotFound
+from tests.daemon.node import CONSUMER_KEY
 
 PLAN = "/v1/consumers/c1/plans/p1"
 
@@ -101,8 +103,8 @@ async def test_positions_and_timeouts_of_readiness_polls_are_checked(node):
 async def test_a_consumer_with_another_manifest_is_refused(node):
     await node.start()
     got, body = await node.raw("PUT", PLAN, json=_plan_body(node, fingerprint="0" * 32))
-    assert (got, body["error"]["type"]) == (422, "ManifestError")
-    assert "not the one this daemon loaded" in body["error"]["message"]
+    assert (got, body["error"]["type"]) == (409, "ManifestVersionGone")
+    assert "not the one at the origin now" in body["error"]["message"]
 
 
 async def test_a_source_without_manifest_is_a_manifest_error_for_the_client(node, tmp_path):
@@ -224,7 +226,7 @@ async def test_stopping_answers_waiting_long_polls_at_once_and_is_bounded(node):
     daemon = await node.start(drain_timeout=1.0)
     # A block request that will not finish by itself (the manifest is not delayed).
     node.proxy.update(latency_s=30.0, path_contains=node.corpus.manifest.paths[1])
-    client = DaemonClient(node.socket)
+    client = DaemonClient(node.socket, headers={CONSUMER_KEY_HEADER: CONSUMER_KEY})
     try:
         await client.request("PUT", PLAN, body=_plan_body(node, order=[1]))
         poll = asyncio.ensure_future(client.request("GET", f"{PLAN}/ready", params={"position": 0, "timeout": 50},
@@ -248,3 +250,56 @@ async def test_fetch_settings_reach_the_engine(node):
                                                 retry=RetryConfig(deadline=3.0)))
     got, body = await node.raw("PUT", PLAN, json=_plan_body(node))
     assert got == 200 and body["window_bytes"] == 12345 and daemon.engine.gate._free <= 3
+
+
+def _local_in_disguise(root, tmp) -> list[dict]:
+    """Sources that end up reading the daemon's own disk through fsspec's wrappers and chaining."""
+    return [
+        {"url": f"simplecache://{root}", "storage_options": {"target_protocol": "file"}},  # these three open
+        {"url": f"filecache://{root}", "storage_options": {"target_protocol": "file", "cache_storage": str(tmp)}},
+        {"url": f"blockcache://{root}", "storage_options": {"target_protocol": "file"}},  # the corpus without
+        {"url": f"simplecache::file://{root}"},
+        {"url": f"simplecache::blockcache::file://{root}"},
+        {"url": f"zip://x::file://{root}/archive.zip"},
+        {"url": f"memory://{root}"},
+        {"url": "reference://", "storage_options": {"fo": f"{root}/refs.json"}},
+        {"url": f"file://{root}"},
+        {"url": f"local://{root}"},
+        {"url": str(root)},
+        {"url": "s3://bucket/data", "storage_options": {"target_protocol": "file"}},
+    ]
+
+
+async def test_no_local_sources_refuses_what_finally_reads_the_local_disk(node, tmp_path):
+    await node.start(local_sources=False)
+    for source in _local_in_disguise(node.corpus.root, tmp_path / "wrapper-cache"):
+        for method, path, body in [("POST", "/v1/datasets", {"dataset": source}),
+                                   ("PUT", PLAN, {"dataset": source}),
+                                   ("POST", "/v1/pin", {"dataset": source})]:
+            got, answer = await node.raw(method, path, json=body)
+            assert got == 400 and answer["error"]["type"] == "DaemonRequestError", (source, path, answer)
+            assert "local_sources = false" in answer["error"]["message"], source
+    assert not (tmp_path / "wrapper-cache").exists() and node.daemons[0].registry.plans() == []
+    # What the allow-list names is served as before.
+    got, answer = await node.raw("POST", "/v1/datasets", json={"dataset": {"url": node.proxy.url}})
+    assert got == 200 and answer["shards"] == len(node.corpus.manifest)
+
+
+async def test_bodies_nested_too_deep_are_a_400_naming_the_problem(node, caplog):
+    await node.start()
+    assert (await node.raw("PUT", PLAN, json=_plan_body(node)))[0] == 200
+    caplog.set_level(logging.DEBUG)
+    very_deep = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+    options: dict = {}
+    for _ in range(40):  # deeper than the limit, shallow enough for json itself
+        options = {"a": options}
+    deep = {"dataset": {"url": node.proxy.url, "storage_options": options}, "position": 1, "bytes": 1}
+    for method, path in [("POST", "/v1/datasets"), ("PUT", PLAN), ("POST", f"{PLAN}/advance"),
+                         ("POST", "/v1/blocks/ready"), ("POST", "/v1/pin"), ("POST", "/v1/unpin"),
+                         ("POST", "/v1/evict")]:
+        for kwargs in ({"data": very_deep}, {"json": deep}):
+            got, answer = await node.raw(method, path, **kwargs)
+            assert (got, answer["error"]["type"]) == (400, "DaemonRequestError"), (path, answer)
+            assert answer["error"]["message"] == "the body nests deeper than 32 levels", path
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "no traceback in the log"
+    assert "Traceback" not in caplog.text

@@ -39,40 +39,40 @@ async def dataset(engine, corpus):
 
 async def test_registering_a_plan_id_again_replaces_it_and_resumes_at_the_cursor(engine, dataset):
     registry = PlanRegistry(engine, lease=60)
-    first = await registry.register("c", "p", dataset, None, fingerprint="f" * 32)
-    second = await registry.register("c", "p", dataset, np.array([7, 6, 5, 4]), fingerprint="f" * 32, cursor=2)
-    assert registry.get("c", "p").plan is second and engine._plans == [second], "the old plan is closed"
+    first = await registry.register("c", "k", "p", dataset, None, fingerprint="f" * 32)
+    second = await registry.register("c", "k", "p", dataset, np.array([7, 6, 5, 4]), fingerprint="f" * 32, cursor=2)
+    assert registry.get("c", "k", "p").plan is second and engine._plans == [second], "the old plan is closed"
     assert first._task.done()
     assert (second.cursor, len(second)) == (2, 4)
     # Positions before the cursor are neither fetched nor protected from eviction.
     assert second.window_digests() == {dataset.manifest.digest(5), dataset.manifest.digest(4)}
-    assert (await registry.register("c", "q", dataset, None, fingerprint="f" * 32, cursor=99)).cursor == 8
+    assert (await registry.register("c", "k", "q", dataset, None, fingerprint="f" * 32, cursor=99)).cursor == 8
 
 
 async def test_unknown_plans_say_to_register_again(engine, dataset):
     registry = PlanRegistry(engine, lease=60)
     with pytest.raises(UnknownPlan, match="register it again"):
-        registry.get("nobody", "p")
-    await registry.register("c", "p", dataset, None, fingerprint="f" * 32)
+        registry.get("nobody", "k", "p")
+    await registry.register("c", "k", "p", dataset, None, fingerprint="f" * 32)
     with pytest.raises(UnknownPlan):
-        registry.get("c", "other")
-    assert await registry.close("c", "p") and not await registry.close("c", "p")
+        registry.get("c", "k", "other")
+    assert await registry.close("c", "k", "p") and not await registry.close("c", "k", "p")
     assert engine._plans == []
 
 
 async def test_a_consumer_whose_lease_runs_out_loses_its_plans(engine, dataset):
     clock = Clock()
     registry = PlanRegistry(engine, lease=30, clock=clock)
-    await registry.register("idle", "p", dataset, None, fingerprint="f" * 32)
-    await registry.register("busy", "p", dataset, None, fingerprint="f" * 32)
+    await registry.register("idle", "k", "p", dataset, None, fingerprint="f" * 32)
+    await registry.register("busy", "k", "p", dataset, None, fingerprint="f" * 32)
     clock.now += 20
-    registry.get("busy", "p")  # any request renews the lease
+    registry.get("busy", "k", "p")  # any request renews the lease
     clock.now += 20
-    registry.seen("busy")  # so does a heartbeat
+    registry.seen("busy", "k")  # so does a heartbeat
     assert await registry.expire() == ["idle"]
     assert [c.id for c in registry.consumers] == ["busy"] and len(engine._plans) == 1
     with pytest.raises(UnknownPlan):
-        registry.get("idle", "p")
+        registry.get("idle", "k", "p")
     clock.now += 31
     assert await registry.expire() == ["busy"] and engine._plans == []
 
@@ -81,9 +81,9 @@ async def test_a_consumer_whose_process_died_is_dropped_at_once(engine, dataset)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         registry = PlanRegistry(engine, lease=3600)
-        await registry.register("gone", "p", dataset, None, fingerprint="f" * 32, pid=child.pid)
-        await registry.register("alive", "p", dataset, None, fingerprint="f" * 32, pid=os.getpid())
-        await registry.register("unknown", "p", dataset, None, fingerprint="f" * 32, pid=None)
+        await registry.register("gone", "k", "p", dataset, None, fingerprint="f" * 32, pid=child.pid)
+        await registry.register("alive", "k", "p", dataset, None, fingerprint="f" * 32, pid=os.getpid())
+        await registry.register("unknown", "k", "p", dataset, None, fingerprint="f" * 32, pid=None)
         assert await registry.expire() == []
     finally:
         child.kill()

@@ -118,6 +118,24 @@ async def test_a_consumer_dropped_for_silence_registers_again_on_its_next_call(n
     assert registered.plan.cursor == 1
 
 
+async def test_a_consumer_whose_id_was_taken_meanwhile_goes_on_as_a_new_one(node):
+    daemon = await node.start()
+    session = node.session()
+    plan = await session.plan(await session.open_dataset(SourceConfig(node.proxy.url)), [3, 4])
+    session._heartbeat.cancel()
+    old = session.consumer_id
+    await daemon.registry.drop(old)  # the daemon forgot it (its lease ran out) ...
+    got, _ = await node.raw("PUT", f"/v1/consumers/{old}/plans/p9", json={"dataset": {"url": node.proxy.url}})
+    assert got == 200, "... and another process took its id, with a key of its own"
+    assert (await plan.ready(0)).read_bytes() == _original(node, 3)
+    await plan.advance(1)
+    assert session.consumer_id != old
+    assert [(r.id, r.plan.cursor) for r in daemon.registry.plans() if r.consumer == session.consumer_id] == [
+        (plan.id, 1)]
+    assert [r.id for r in daemon.registry.plans() if r.consumer == old] == ["p9"], "the other one's is untouched"
+    assert (await plan.ready(1)).read_bytes() == _original(node, 4)
+
+
 async def test_without_a_daemon_the_session_falls_back_to_its_own_engine(node):
     await node.start()
     session = node.session(fallback=True, reconnect_timeout=0.5)
@@ -153,7 +171,7 @@ async def test_a_manifest_other_than_the_daemons_is_refused(node):
     await node.start()
     session = node.session()
     m = node.corpus.manifest
-    with pytest.raises(ManifestError, match="not the one this daemon loaded"):
+    with pytest.raises(ManifestError, match="not the one at the origin now"):
         await session.open_dataset(SourceConfig(node.proxy.url), manifest=m.filter([i != 3 for i in range(len(m))]))
 
 
