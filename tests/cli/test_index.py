@@ -82,6 +82,7 @@ def test_sigkill_leaves_no_manifest_or_the_previous_one(tmp_path, s3_bucket, fau
 
 BAD = {
     "traversal": "path is empty, absolute",
+    "backslash": "backslash",
     "duplicate": "duplicate path",
     "digest_count": "block digests",
     "truncated": "not a readable manifest",
@@ -105,6 +106,8 @@ def write_bad_manifest(root, kind, capsys):
     rows = table.to_pylist()
     if kind == "traversal":
         rows[0]["path"] = "../../etc/passwd"
+    elif kind == "backslash":
+        rows[0]["path"] = "sub\\part-1.bin"  # '--check' and 'stage' must judge it by one rule
     elif kind == "duplicate":
         rows[1]["path"] = rows[0]["path"]
     elif kind == "digest_count":
