@@ -8,7 +8,7 @@ import click
 
 from ..config import DEFAULT_BLOCK_SIZE
 from ..manifest import MANIFEST_PATH, load_manifest, save_manifest
-from ..manifest.build import TOKEN_DTYPES, IndexConfig, build_manifest
+from ..manifest.build import TOKEN_DTYPES, IndexConfig, build_manifest, list_selected
 from ..store import open_store
 from . import cli
 from .options import SIZE, source_config, storage_option_flag
@@ -28,17 +28,19 @@ from .progress import byte_progress, run_async
 @click.option("--concurrency", type=click.IntRange(1, 1024), default=16, envvar="STAGER_CONCURRENCY",
               show_default=True, help="Block reads in flight.")
 @click.option("--dry-run", is_flag=True, help="Hash and summarise, but do not write the manifest.")
+@click.option("--allow-empty", is_flag=True,
+              help="Write an empty manifest when SOURCE holds no files (else that is an error: a typo in the URL?).")
 @click.option("--check", is_flag=True, help="Only load and validate the existing manifest, and summarise it.")
 def index_command(source: str, storage_option: tuple[str, ...], block_size: int, include: tuple[str, ...],
                   exclude: tuple[str, ...], dtype: str, token_column: str, concurrency: int, dry_run: bool,
-                  check: bool) -> None:
+                  allow_empty: bool, check: bool) -> None:
     """Hash every file under SOURCE and write SOURCE/.stager/manifest.parquet atomically.
 
     SOURCE is any fsspec URL (s3://bucket/prefix, gs://..., file:///path) or a local path.
     """
     config = IndexConfig(block_size=block_size, include=include, exclude=exclude,
                          bin_dtype=None if dtype == "none" else dtype, token_column=token_column,
-                         concurrency=concurrency)
+                         concurrency=concurrency, allow_empty=allow_empty)
 
     async def run() -> None:
         store = open_store(source_config(source, storage_option), concurrency=concurrency)
@@ -52,8 +54,10 @@ def index_command(source: str, storage_option: tuple[str, ...], block_size: int,
                        f"{manifest.total_bytes:,} bytes, {tokens:,} tokens, blocks of {manifest.block_size:,} bytes")
             return
         try:
+            objects = await list_selected(store, config)  # refusals before the progress line starts
             with byte_progress("hashing") as progress:
-                manifest = await build_manifest(store, config, on_listed=progress.set_total, on_bytes=progress.advance)
+                manifest = await build_manifest(store, config, objects=objects, on_listed=progress.set_total,
+                                                on_bytes=progress.advance)
             if not dry_run:
                 await save_manifest(store, manifest)
         finally:

@@ -39,6 +39,7 @@ class IndexConfig:
     token_column: str = "tokens"
     concurrency: int = 16  # block reads in flight across all files
     read_ahead: int = 4  # blocks read ahead within one file
+    allow_empty: bool = False  # an empty manifest when nothing is found (else ManifestError: a typo in the URL?)
 
     def __post_init__(self) -> None:
         if self.bin_dtype is not None and self.bin_dtype not in TOKEN_DTYPES:
@@ -56,10 +57,28 @@ def selected(path: str, config: IndexConfig) -> bool:
     return not any(fnmatch.fnmatchcase(path, g) for g in config.exclude)
 
 
+async def list_selected(store, config: IndexConfig = IndexConfig()) -> list:
+    """The objects of ``store`` that ``config`` selects, checked before any byte is read.
+
+    Raises:
+        OriginError: listing failed beyond the retry budget.
+        ManifestError: nothing is selected (unless ``config.allow_empty``): a typo in the URL is
+            no empty dataset.
+    """
+    listed = await store.list()
+    objects = [o for o in listed if selected(o.path, config)]
+    if not objects and not config.allow_empty:
+        why = f"{len(listed)} listed, none selected by --include/--exclude" if listed else "nothing there"
+        raise ManifestError(f"{store.url}: no files to index ({why}); check the URL, or give --allow-empty "
+                            "to write an empty manifest")
+    return objects
+
+
 async def build_manifest(
     store,
     config: IndexConfig = IndexConfig(),
     *,
+    objects: Sequence | None = None,
     on_listed: Callable[[int, int], None] | None = None,
     on_bytes: Callable[[int], None] | None = None,
 ) -> Manifest:
@@ -68,14 +87,16 @@ async def build_manifest(
     Args:
         store: a :class:`stager.store.Store` rooted at the dataset.
         config: globs, block size, token dtype, parallelism.
+        objects: what :func:`list_selected` returned, if the caller listed already.
         on_listed: called once with (file count, total bytes) after listing.
         on_bytes: called with each block's size as it is hashed.
 
     Raises:
         OriginError: listing or reading failed beyond the retry budget.
-        ManifestError: a file changed size while it was read, or nothing matched.
+        ManifestError: a file changed size while it was read, or nothing matched (unless ``allow_empty``).
     """
-    objects = [o for o in await store.list() if selected(o.path, config)]
+    if objects is None:
+        objects = await list_selected(store, config)
     if on_listed:
         on_listed(len(objects), sum(o.size for o in objects))
     gate = asyncio.Semaphore(config.concurrency)

@@ -156,3 +156,19 @@ def test_token_metadata_of_each_shard_format(tmp_path, capsys, fmt):
     indexed = read_manifest_file(str(tmp_path / MANIFEST_PATH))
     assert [(e.path, e.digest, e.dtype, e.tokens) for e in indexed] == [(e.path, e.digest, e.dtype, e.tokens) for e in expected]
     assert [e.tokens for e in indexed] == [5000, 12345]
+
+
+def test_a_prefix_holding_nothing_fails_naming_it_unless_allow_empty(tmp_path, s3_bucket, capsys):
+    (s3_bucket.path / "real").mkdir()
+    (s3_bucket.path / "real" / "x.bin").write_bytes(b"\0\0")
+    url = f"{s3_bucket.url}/typo"
+    result = run(["index", url], env=s3_bucket.env())
+    assert_one_line_error(result, url, "no files", "--allow-empty")
+    assert not (s3_bucket.path / "typo").exists()  # nothing written
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "only.tmp").write_bytes(b"x")
+    assert_one_line_error(run_here(["index", str(empty), "--exclude", "*.tmp"], capsys), str(empty), "--exclude")
+    assert not (empty / MANIFEST_PATH).exists()
+    assert run_here(["index", str(empty), "--exclude", "*.tmp", "--allow-empty"], capsys).returncode == 0
+    assert len(read_manifest_file(str(empty / MANIFEST_PATH))) == 0
