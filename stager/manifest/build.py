@@ -2,8 +2,11 @@
 
 Files are listed once, filtered by ``--include``/``--exclude`` globs (the
 manifest's own folder is always left out), then hashed in parallel: each file
-is read in order, block by block, with a few blocks read ahead, so every byte
-crosses the network once and feeds both the whole-file and the block digests.
+is read in order, block by block, with a few blocks read ahead, each read
+feeding both the whole-file and the block digests. Only bytes something
+vouches for are recorded (the origin's MD5, or two reads that agree; see
+:mod:`.object_hash`), so a body corrupted in transit is retried, never taken
+for the dataset's truth.
 Token metadata is filled in by format: ``.bin`` shards take the dtype given
 (their token count is size / itemsize), ``.npy`` shards are read from their
 header, Parquet shards from the footer of their token column.
@@ -20,10 +23,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..config import DEFAULT_BLOCK_SIZE
-from ..errors import ConfigError, ManifestError
-from ..hashing import StreamHasher, block_range
+from ..errors import ConfigError, ManifestError, StagerError
 from . import MANIFEST_DIR
 from .model import Manifest, ShardEntry
+from .object_hash import hash_object, reads_expected
 
 TOKEN_DTYPES = ("uint16", "uint32", "int32", "int64", "uint8")
 
@@ -89,7 +92,7 @@ async def build_manifest(
         config: globs, block size, token dtype, parallelism.
         objects: what :func:`list_selected` returned, if the caller listed already.
         on_listed: called once with (file count, total bytes) after listing.
-        on_bytes: called with each block's size as it is hashed.
+        on_bytes: called with each block's size as it is read (see :mod:`.object_hash`).
 
     Raises:
         OriginError: listing or reading failed beyond the retry budget.
@@ -97,43 +100,35 @@ async def build_manifest(
     """
     if objects is None:
         objects = await list_selected(store, config)
-    if on_listed:
-        on_listed(len(objects), sum(o.size for o in objects))
+    if on_listed:  # the bytes to read: twice those of objects nothing vouches for
+        on_listed(len(objects), sum(o.size * reads_expected(store, o) for o in objects))
     gate = asyncio.Semaphore(config.concurrency)
 
-    async def read_block(path: str, size: int, index: int) -> bytes:
-        start, end = block_range(index, size, config.block_size)
-        async with gate:
-            return await store.read_range(path, start, end)
-
     async def hash_one(obj) -> ShardEntry:
-        hasher = StreamHasher(config.block_size)
-        nblocks = -(-obj.size // config.block_size)
-        pending: list[asyncio.Task[bytes]] = []
-        head = tail = b""
-        try:
-            for index in range(nblocks):
-                while len(pending) < config.read_ahead and index + len(pending) < nblocks:
-                    pending.append(asyncio.ensure_future(read_block(obj.path, obj.size, index + len(pending))))
-                data = await pending.pop(0)
-                hasher.update(data)
-                if index == 0:
-                    head = data[:4096]
-                tail = (tail + data)[-(2 * config.block_size):] if obj.path.endswith(".parquet") else b""
-                if on_bytes:
-                    on_bytes(len(data))
-        finally:
-            for task in pending:
-                task.cancel()
-        digest, blocks = hasher.finish()
-        if hasher.size != obj.size:
-            raise ManifestError(f"{store.url}/{obj.path}: size changed while indexing ({obj.size} -> {hasher.size})")
-        dtype, tokens = token_info(obj.path, obj.size, head, tail, config)
-        return ShardEntry(obj.path, obj.size, digest, tuple(blocks), dtype, tokens, obj.mtime)
+        hashed = await hash_object(store, obj, config.block_size, gate=gate, read_ahead=config.read_ahead,
+                                   keep_tail=obj.path.endswith(".parquet"), on_bytes=on_bytes)
+        dtype, tokens = token_info(obj.path, obj.size, hashed.head, hashed.tail, config)
+        return ShardEntry(obj.path, obj.size, hashed.digest, hashed.blocks, dtype, tokens, obj.mtime)
 
-    async with asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(hash_one(o)) for o in objects]
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(hash_one(o)) for o in objects]
+    except BaseExceptionGroup as group:  # report the error that stopped the index, not a group of them
+        raise first_error(group) from None
     return Manifest.from_entries((t.result() for t in tasks), config.block_size)
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf of an exception group, preferring a :class:`~stager.errors.StagerError`."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            stack[:0] = exc.exceptions
+        else:
+            leaves.append(exc)
+    return next((e for e in leaves if isinstance(e, StagerError)), leaves[0])
 
 
 def token_info(path: str, size: int, head: bytes, tail: bytes, config: IndexConfig) -> tuple[str | None, int | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Mapping
 
 from ..errors import OriginError, ShardNotFound
@@ -91,11 +91,17 @@ class UnsupportedOperation(OriginError):
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """One object of a store: its path relative to the root, its size, its mtime (epoch seconds) if known."""
+    """One object of a store: its path relative to the root, its size, its mtime (epoch seconds) if known.
+
+    ``md5`` (lowercase hex) is the MD5 of the object's bytes where the origin vouches for it
+    (S3's ETag of a single-part object, GCS's md5Hash, Azure's Content-MD5), else None. It
+    describes the object, not its listing, so it takes no part in comparisons.
+    """
 
     path: str
     size: int
     mtime: float | None = None
+    md5: str | None = field(default=None, compare=False)
 
 
 def split_protocol(url: str) -> tuple[str | None, str]:
