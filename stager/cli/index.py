@@ -8,7 +8,7 @@ import click
 
 from ..config import DEFAULT_BLOCK_SIZE
 from ..manifest import MANIFEST_PATH, load_manifest, save_manifest
-from ..manifest.build import TOKEN_DTYPES, IndexConfig, build_manifest, list_selected
+from ..manifest.build import AUTO, TOKEN_DTYPES, IndexConfig, build_manifest, list_selected, plain_bin_files
 from ..store import open_store
 from . import cli
 from .options import SIZE, source_config, storage_option_flag
@@ -22,8 +22,10 @@ from .progress import byte_progress, run_async
               help="Block size for per-block digests (the unit of verification and of ranged reads).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Only paths matching a glob (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out paths matching a glob (repeatable).")
-@click.option("--dtype", type=click.Choice(TOKEN_DTYPES + ("none",)), default="uint16", show_default=True,
-              help="Token dtype of flat .bin shards ('none': .bin files are not token shards).")
+@click.option("--dtype", type=click.Choice((AUTO,) + TOKEN_DTYPES + ("none",)), default=AUTO, show_default=True,
+              help="Token dtype of flat .bin shards. 'auto': uint16 where a file's size is a whole number of "
+                   "uint16 tokens, else a plain file (model weights, say); a dtype given outright must fit every "
+                   ".bin file; 'none': .bin files are not token shards.")
 @click.option("--token-column", default="tokens", show_default=True, help="List column holding tokens in Parquet shards.")
 @click.option("--concurrency", type=click.IntRange(1, 1024), default=16, envvar="STAGER_CONCURRENCY",
               show_default=True, help="Block reads in flight.")
@@ -64,5 +66,9 @@ def index_command(source: str, storage_option: tuple[str, ...], block_size: int,
             await store.close()
         where = "not written (dry run)" if dry_run else f"{store.url.rstrip('/')}/{MANIFEST_PATH}"
         click.echo(f"indexed {len(manifest)} files, {manifest.total_bytes:,} bytes; manifest {where}")
+        plain = plain_bin_files(manifest) if config.bin_dtype == AUTO else []
+        if plain:
+            click.echo(f"note: {len(plain)} .bin file(s) are not whole uint16 tokens and are plain files, not token "
+                       f"shards (the iterator refuses them): {', '.join(plain[:3])}{', ...' if len(plain) > 3 else ''}")
 
     run_async(run())

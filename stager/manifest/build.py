@@ -8,8 +8,10 @@ vouches for are recorded (the origin's MD5, or two reads that agree; see
 :mod:`.object_hash`), so a body corrupted in transit is retried, never taken
 for the dataset's truth.
 Token metadata is filled in by format: ``.bin`` shards take the dtype given
-(their token count is size / itemsize), ``.npy`` shards are read from their
-header, Parquet shards from the footer of their token column.
+(their token count is size / itemsize; by default, ``auto``, uint16 where the
+size is a whole number of them, else the file is a plain file, no tokens),
+``.npy`` shards are read from their header, Parquet shards from the footer
+of their token column.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ from .model import Manifest, ShardEntry
 from .object_hash import hash_object, reads_expected
 
 TOKEN_DTYPES = ("uint16", "uint32", "int32", "int64", "uint8")
+#: ``bin_dtype`` meaning: a ``.bin`` file is a token shard of :data:`AUTO_BIN_DTYPE` if its size
+#: allows, else a plain file. A folder of model weights then indexes, stages and mounts as is
+#: (the iterator refuses its ``.bin`` files by name), and a token folder gets its token counts.
+AUTO = "auto"
+AUTO_BIN_DTYPE = "uint16"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +45,15 @@ class IndexConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
-    bin_dtype: str | None = "uint16"  # dtype of flat .bin token shards; None: not token shards
+    bin_dtype: str | None = AUTO  # dtype of flat .bin token shards; None: not token shards; AUTO: see above
     token_column: str = "tokens"
     concurrency: int = 16  # block reads in flight across all files
     read_ahead: int = 4  # blocks read ahead within one file
     allow_empty: bool = False  # an empty manifest when nothing is found (else ManifestError: a typo in the URL?)
 
     def __post_init__(self) -> None:
-        if self.bin_dtype is not None and self.bin_dtype not in TOKEN_DTYPES:
-            raise ConfigError(f"dtype {self.bin_dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
+        if self.bin_dtype is not None and self.bin_dtype not in TOKEN_DTYPES + (AUTO,):
+            raise ConfigError(f"dtype {self.bin_dtype!r} is not one of {', '.join(TOKEN_DTYPES + (AUTO,))}")
         if not 4096 <= self.block_size <= 1 << 30:
             raise ConfigError(f"block size must be in 4KiB..1GiB, got {self.block_size}")
 
@@ -74,6 +81,13 @@ async def list_selected(store, config: IndexConfig = IndexConfig()) -> list:
         why = f"{len(listed)} listed, none selected by --include/--exclude" if listed else "nothing there"
         raise ManifestError(f"{store.url}: no files to index ({why}); check the URL, or give --allow-empty "
                             "to write an empty manifest")
+    if config.bin_dtype not in (None, AUTO):  # a dtype given outright: every .bin must fit it
+        itemsize = np.dtype(config.bin_dtype).itemsize
+        for obj in objects:
+            if obj.path.endswith(".bin") and obj.size % itemsize:
+                raise ManifestError(f"{store.url.rstrip('/')}/{obj.path}: {obj.size} bytes is not a whole number "
+                                    f"of {config.bin_dtype} tokens (--dtype {AUTO} indexes such files as plain "
+                                    "files, --dtype none every .bin file)")
     return objects
 
 
@@ -131,13 +145,21 @@ def first_error(group: BaseExceptionGroup) -> BaseException:
     return next((e for e in leaves if isinstance(e, StagerError)), leaves[0])
 
 
+def plain_bin_files(manifest: Manifest) -> list[str]:
+    """The ``.bin`` files of ``manifest`` recorded as plain files (no token count)."""
+    return [p for p, t in zip(manifest.paths, manifest.tokens.tolist()) if t < 0 and p.endswith(".bin")]
+
+
 def token_info(path: str, size: int, head: bytes, tail: bytes, config: IndexConfig) -> tuple[str | None, int | None]:
     """The token dtype and count of a shard, from its name and its first and last bytes."""
     if path.endswith(".bin") and config.bin_dtype:
-        itemsize = np.dtype(config.bin_dtype).itemsize
+        dtype = AUTO_BIN_DTYPE if config.bin_dtype == AUTO else config.bin_dtype
+        itemsize = np.dtype(dtype).itemsize
         if size % itemsize:
-            raise ManifestError(f"{path}: {size} bytes is not a whole number of {config.bin_dtype} tokens")
-        return config.bin_dtype, size // itemsize
+            if config.bin_dtype == AUTO:
+                return None, None  # not tokens: a plain file
+            raise ManifestError(f"{path}: {size} bytes is not a whole number of {dtype} tokens")
+        return dtype, size // itemsize
     if path.endswith(".npy"):
         return _npy_info(path, head)
     if path.endswith(".parquet"):

@@ -85,8 +85,9 @@ class ReplicateConfig:
     buffer: int = 128 * MiB  # bytes held by transfers in flight
     bandwidth: int | None = None  # bytes/s, per side
     retry: RetryConfig = field(default_factory=RetryConfig)
-    # For a source without a manifest: any files, so .bin files are not taken for token shards.
-    index: IndexConfig = field(default_factory=lambda: IndexConfig(bin_dtype=None))
+    # For a source without a manifest: as `stager index` would (the same defaults), so a replica's
+    # manifest describes token shards as the source's own would.
+    index: IndexConfig = field(default_factory=IndexConfig)
 
     def __post_init__(self) -> None:
         if not 1 <= self.concurrency <= 4096:

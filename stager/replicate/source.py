@@ -125,8 +125,7 @@ async def source_manifest(
         except ManifestError:
             cached.unlink(missing_ok=True)  # damaged: index again
     try:
-        manifest = await build_manifest(src, index or IndexConfig(bin_dtype=None), on_listed=on_listed,
-                                        on_bytes=on_bytes)
+        manifest = await build_manifest(src, index or IndexConfig(), on_listed=on_listed, on_bytes=on_bytes)
     except BaseExceptionGroup as group:  # the indexer's task group: report its first error
         raise _first_leaf(group) from None
     data = encode_manifest(manifest)

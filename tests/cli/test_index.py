@@ -172,3 +172,32 @@ def test_a_prefix_holding_nothing_fails_naming_it_unless_allow_empty(tmp_path, s
     assert not (empty / MANIFEST_PATH).exists()
     assert run_here(["index", str(empty), "--exclude", "*.tmp", "--allow-empty"], capsys).returncode == 0
     assert len(read_manifest_file(str(empty / MANIFEST_PATH))) == 0
+
+
+def write_weights(root):
+    """A folder of model weights: .bin files that are not token shards, some of an odd size."""
+    rng = np.random.default_rng(3)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pytorch_model-00001.bin").write_bytes(rng.bytes(300_001))
+    (root / "pytorch_model-00002.bin").write_bytes(rng.bytes(120_000))
+    (root / "config.json").write_text("{}")
+
+
+def test_a_folder_of_weights_indexes_without_knowing_about_dtype(tmp_path):
+    write_weights(tmp_path / "w")
+    result = run(["index", str(tmp_path / "w")])
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "pytorch_model-00001.bin" in result.stdout + result.stderr  # named as not tokens
+    manifest = read_manifest_file(str(tmp_path / "w" / MANIFEST_PATH))
+    odd = manifest[manifest.index_of("pytorch_model-00001.bin")]
+    assert (odd.dtype, odd.tokens) == (None, None)
+    even = manifest[manifest.index_of("pytorch_model-00002.bin")]
+    assert (even.dtype, even.tokens) == ("uint16", 60_000)  # .bin has no header: whole uint16 is taken as tokens
+
+
+def test_an_explicit_dtype_that_does_not_fit_is_one_line_naming_the_file(tmp_path):
+    write_weights(tmp_path / "w")
+    result = run(["index", str(tmp_path / "w"), "--dtype", "uint16"])
+    assert_one_line_error(result, "pytorch_model-00001.bin", "uint16")
+    assert not (tmp_path / "w" / MANIFEST_PATH).exists()
