@@ -201,3 +201,14 @@ def test_an_explicit_dtype_that_does_not_fit_is_one_line_naming_the_file(tmp_pat
     result = run(["index", str(tmp_path / "w"), "--dtype", "uint16"])
     assert_one_line_error(result, "pytorch_model-00001.bin", "uint16")
     assert not (tmp_path / "w" / MANIFEST_PATH).exists()
+
+
+def test_index_of_a_remote_source_through_a_corrupting_origin_records_true_digests(tmp_path, s3_bucket, fault_proxy):
+    write_files(tmp_path / "local", count=4, seed=4)
+    shutil.copytree(tmp_path / "local", s3_bucket.path / "ds")
+    # 30% of GET bodies with one flipped byte, 5% cut short
+    proxy = fault_proxy(s3_bucket, FaultPlan(flip_p=0.30, truncate_p=0.025, reset_p=0.025), seed=9)
+    run(["index", f"{s3_bucket.url}/ds", "--block-size", "32KiB"], env=s3_bucket.env(proxy.url), check=True)
+    run(["index", str(tmp_path / "local"), "--block-size", "32KiB"], check=True)
+    assert comparable(s3_bucket.path / "ds" / MANIFEST_PATH) == comparable(tmp_path / "local" / MANIFEST_PATH)
+    assert proxy.faults.get("flip", 0) > 5, proxy.faults
