@@ -211,4 +211,4 @@ def test_index_of_a_remote_source_through_a_corrupting_origin_records_true_diges
     run(["index", f"{s3_bucket.url}/ds", "--block-size", "32KiB"], env=s3_bucket.env(proxy.url), check=True)
     run(["index", str(tmp_path / "local"), "--block-size", "32KiB"], check=True)
     assert comparable(s3_bucket.path / "ds" / MANIFEST_PATH) == comparable(tmp_path / "local" / MANIFEST_PATH)
-    assert proxy.faults.get("flip", 0) > 5, proxy.faults
+    assert proxy.faults.get("flip", 0) > 0, proxy.faults
