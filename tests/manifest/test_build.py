@@ -51,3 +51,21 @@ async def test_index_through_corrupting_origin_records_only_true_digests(s3_serv
     # and the path this case meant to test was the one taken
     assert all((getattr(o, "md5", None) is not None) == (etag == "MD5") for o in listed), listed
     assert proxy.faults.get("flip", 0) > 3, proxy.faults  # the origin really corrupted bodies
+
+
+async def test_an_object_rewritten_after_it_was_listed_is_hashed_again_by_its_new_md5(s3_bucket):
+    import asyncio
+
+    from stager.manifest.object_hash import hash_object
+
+    path = s3_bucket.path / "ds" / "ckpt.bin"
+    path.parent.mkdir()
+    path.write_bytes(random.Random(1).randbytes(300 * KiB))
+    async with open_store(SourceConfig(f"{s3_bucket.url}/ds", s3_bucket.storage_options()), retry=FAST_RETRY) as store:
+        (listed,) = await store.list()
+        new = random.Random(2).randbytes(300 * KiB)  # same size, other bytes: the listing's MD5 is stale
+        path.write_bytes(new)
+        hashed = await hash_object(store, listed, 64 * KiB, gate=asyncio.Semaphore(4))
+    async with open_store(SourceConfig(str(path.parent))) as local:
+        truth = await hash_object(local, (await local.list())[0], 64 * KiB, gate=asyncio.Semaphore(4))
+    assert (hashed.digest, hashed.blocks) == (truth.digest, truth.blocks)
