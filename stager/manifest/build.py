@@ -73,7 +73,7 @@ async def list_selected(store, config: IndexConfig = IndexConfig()) -> list:
     Raises:
         OriginError: listing failed beyond the retry budget.
         ManifestError: nothing is selected (unless ``config.allow_empty``): a typo in the URL is
-            no empty dataset.
+            no empty dataset; or a ``.bin`` file does not fit a dtype given outright.
     """
     listed = await store.list()
     objects = [o for o in listed if selected(o.path, config)]
