@@ -16,7 +16,7 @@ from ..config import (
     parse_rate,
 )
 from ..errors import ConfigError, StagerError
-from ..manifest.build import TOKEN_DTYPES, IndexConfig
+from ..manifest.build import AUTO, TOKEN_DTYPES, IndexConfig
 from ..replicate import ReplicateConfig, Replicator, Shard, parse_shard, shard_from_env
 from ..replicate.copier import DEFAULT_PART_SIZE
 from ..replicate.plan import Action
@@ -98,8 +98,9 @@ def _side(url: str, profile: str | None, pairs: tuple[str, ...], side: str) -> S
               help="Seconds one request may take across all its retries before a side counts as down.")
 @click.option("--block-size", type=SIZE, default=DEFAULT_BLOCK_SIZE, show_default="1MiB",
               help="Block size when the source has no manifest and is indexed on the fly (and for --watch).")
-@click.option("--dtype", type=click.Choice(TOKEN_DTYPES + ("none",)), default="none", show_default=True,
-              help="When the source is indexed on the fly: the token dtype of its .bin shards (as stager index).")
+@click.option("--dtype", type=click.Choice((AUTO,) + TOKEN_DTYPES + ("none",)), default=AUTO, show_default=True,
+              help="When the source is indexed on the fly: the token dtype of its .bin shards, as `stager index "
+                   "--dtype` (the same default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def replicate_command(src: str, dst: str, src_option: tuple[str, ...], dst_option: tuple[str, ...],
                       src_profile: str | None, dst_profile: str | None, dry_run: bool, delete: bool,

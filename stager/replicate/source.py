@@ -10,6 +10,12 @@ hashed once) and the result kept in the state directory under a fingerprint
 of the source listing (paths, sizes, mtimes), so a rerun after a kill does not
 hash the source again unless it changed. Sharded runs need a manifest at the
 source: N shards indexing on their own would each read everything.
+
+An index made on the fly is ours, not the data owner's: when an object's
+blocks keep failing against it (an older stager recorded a corrupted read,
+say), that object is hashed again (:func:`reindex_object`), the copy goes on
+by the new digests and the kept index is rewritten (:func:`keep_reindexed`).
+A manifest found at the source stays the truth: failing there is right.
 """
 
 from __future__ import annotations
@@ -22,15 +28,17 @@ from pathlib import Path
 
 import xxhash
 
-from ..errors import ManifestError, ShardNotFound
+from ..errors import CorruptData, ManifestError, ShardNotFound
 from ..manifest import (
     MANIFEST_DIR,
     MANIFEST_PATH,
     Manifest,
+    ShardEntry,
     decode_manifest,
     encode_manifest,
 )
-from ..manifest.build import IndexConfig, build_manifest
+from ..manifest.build import IndexConfig, build_manifest, token_info
+from ..manifest.object_hash import hash_object
 from ..store import Store, UnsupportedOperation
 
 #: Reads of a manifest at most, until two of them agree.
@@ -44,6 +52,7 @@ class SourceManifest:
     manifest: Manifest
     data: bytes
     indexed: bool  # built on the fly: the source has no manifest
+    kept: Path | None = None  # where an index built on the fly is kept (in the state directory)
 
     @property
     def run_id(self) -> str:
@@ -112,17 +121,48 @@ async def source_manifest(
     data = await asyncio.to_thread(_read_if_present, cached)
     if data is not None:
         try:
-            return SourceManifest(decode_manifest(data, str(cached)), data, indexed=True)
+            return SourceManifest(decode_manifest(data, str(cached)), data, indexed=True, kept=cached)
         except ManifestError:
             cached.unlink(missing_ok=True)  # damaged: index again
     try:
-        manifest = await build_manifest(src, index or IndexConfig(bin_dtype=None), on_listed=on_listed,
-                                        on_bytes=on_bytes)
+        manifest = await build_manifest(src, index or IndexConfig(), on_listed=on_listed, on_bytes=on_bytes)
     except BaseExceptionGroup as group:  # the indexer's task group: report its first error
         raise _first_leaf(group) from None
     data = encode_manifest(manifest)
     await asyncio.to_thread(_keep_index, cached, data)
-    return SourceManifest(manifest, data, indexed=True)
+    return SourceManifest(manifest, data, indexed=True, kept=cached)
+
+
+async def reindex_object(src: Store, path: str, index: IndexConfig) -> ShardEntry:
+    """The manifest entry of ``src``'s object at ``path``, hashed again as :func:`build_manifest` would.
+
+    For an index made on the fly (by this stager or an older one) whose digests of an object
+    keep failing: the index is ours, not the data owner's, so it is what may be wrong.
+
+    Raises:
+        CorruptData: the object's reads do not agree, or changed while read.
+        ShardNotFound: the object is gone.
+        OriginError: reading failed beyond the retry budget.
+    """
+    info = await src.info(path)
+    try:
+        hashed = await hash_object(src, info, index.block_size, gate=asyncio.Semaphore(index.read_ahead),
+                                   read_ahead=index.read_ahead, keep_tail=path.endswith(".parquet"))
+        dtype, tokens = token_info(path, info.size, hashed.head, hashed.tail, index)
+    except ManifestError as exc:  # it changed size while read: a per-object failure, not the run's
+        raise CorruptData(str(exc)) from exc
+    return ShardEntry(path, info.size, hashed.digest, hashed.blocks, dtype, tokens, info.mtime)
+
+
+async def keep_reindexed(source: SourceManifest, fixed: dict[str, ShardEntry], name: str) -> SourceManifest:
+    """``source`` with the entries of ``fixed`` replacing theirs, kept again in the state directory."""
+    manifest = decode_manifest(source.data, name)
+    entries = [fixed.get(entry.path, entry) for entry in manifest]
+    manifest = Manifest.from_entries(entries, manifest.block_size)
+    data = encode_manifest(manifest)
+    if source.kept is not None:
+        await asyncio.to_thread(_keep_index, source.kept, data)
+    return SourceManifest(manifest, data, indexed=True, kept=source.kept)
 
 
 def _read_if_present(path: Path) -> bytes | None:

@@ -46,7 +46,7 @@ from ..config import RetryConfig
 from ..errors import AccessDenied, ConfigError, ShardNotFound, TransientOriginError
 from .bandwidth import BandwidthLimiter
 from .base import Check, ObjectInfo, RangeSink, Upload, run_check, validate_range
-from .fsspec_store import FsspecStore
+from .fsspec_store import FsspecStore, vouched_md5
 from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session, stream_range
 from .parts import PartLedger
 from . import sigv4
@@ -199,7 +199,8 @@ class S3Store(FsspecStore):
                         raise await error_from_response(resp, path)
                     if resp.content_length is None:
                         raise TransientOriginError(f"{path}: HEAD answer without Content-Length")
-                    return ObjectInfo(path, resp.content_length, last_modified(resp))
+                    return ObjectInfo(path, resp.content_length, last_modified(resp),
+                                      vouched_md5({"ETag": resp.headers.get("ETag")}))
 
         return await self.retry.run(attempt, what=path)
 
@@ -287,7 +288,8 @@ class S3Store(FsspecStore):
 
             out = await self.retry.run(page, what=what)
             found = [
-                ObjectInfo(entry["Key"][len(prefix):], int(entry.get("Size") or 0), _timestamp(entry))
+                ObjectInfo(entry["Key"][len(prefix):], int(entry.get("Size") or 0), _timestamp(entry),
+                           vouched_md5(entry))
                 for entry in out.get("Contents") or ()
                 if not entry["Key"].endswith("/") and len(entry["Key"]) > len(prefix)
             ]
