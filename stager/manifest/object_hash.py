@@ -17,9 +17,11 @@ them:
   :class:`~stager.errors.OriginChanged`. Where the origin gave an MD5, the
   agreed bytes must then match it too; when they do not, a HEAD tells an
   object that changed while it was read (hashed again from the start, at most
-  :data:`CHANGED_RETRIES` times) from one whose bytes at rest are not what its
-  ETag says (:class:`~stager.errors.CorruptData`, naming it: corrupt at rest,
-  or an ETag that is no MD5 of the bytes, as with SSE-KMS).
+  :data:`CHANGED_RETRIES` times) from one whose ETag is no MD5 of its bytes
+  (SSE-KMS and SSE-C objects, some S3-compatible stores): the bytes two reads
+  agreed on are the truth, as for an origin that vouches for nothing, and a
+  warning names the object (its bytes may also be corrupt at rest: then they
+  are what the origin holds, and the manifest says so).
 - **the local disk** (``file://``) is trusted as the disk is: one read.
 
 The hash work of a block (xxh3 and MD5) runs in a thread: MD5 runs at about
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -37,6 +40,8 @@ import xxhash
 
 from ..errors import CorruptData, ManifestError, OriginChanged
 from ..hashing import StreamHasher, block_count, block_range
+
+log = logging.getLogger(__name__)
 
 #: Whole-object passes at most when the object keeps changing while it is hashed.
 CHANGED_RETRIES = 3
@@ -88,7 +93,6 @@ async def hash_object(
 
     Raises:
         OriginChanged: a block's reads kept disagreeing, or the object kept changing.
-        CorruptData: the bytes read twice alike are not what the origin's MD5 says.
         ManifestError: the object changed size while it was read.
         OriginError: reading failed beyond the retry budget.
     """
@@ -106,8 +110,10 @@ async def hash_object(
         if now.size != obj.size:
             raise ManifestError(f"{where}: size changed while indexing ({obj.size} -> {now.size})")
         if now.md5 is None or now.md5 == obj.md5:
-            raise CorruptData(f"{where}: every block read twice alike, but their MD5 is not the {obj.md5} the "
-                              "origin lists for them (corrupt at rest, or an ETag that is no MD5 of the bytes)")
+            log.warning("%s: every block read twice alike, but their MD5 is not the ETag %s the origin lists; "
+                        "recorded the bytes the two reads agree on (an ETag that is no MD5, as with SSE-KMS, "
+                        "or bytes corrupt at rest)", where, obj.md5)
+            return second.hashed
         obj = replace(obj, md5=now.md5, mtime=now.mtime)  # rewritten while we read it: start again
     raise OriginChanged(f"{where}: changed {CHANGED_RETRIES} times while it was being indexed")
 

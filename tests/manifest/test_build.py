@@ -69,3 +69,30 @@ async def test_an_object_rewritten_after_it_was_listed_is_hashed_again_by_its_ne
     async with open_store(SourceConfig(str(path.parent))) as local:
         truth = await hash_object(local, (await local.list())[0], 64 * KiB, gate=asyncio.Semaphore(4))
     assert (hashed.digest, hashed.blocks) == (truth.digest, truth.blocks)
+
+
+async def test_an_etag_that_is_no_md5_of_the_bytes_keeps_what_two_reads_agree_on(s3_bucket, caplog):
+    """SSE-KMS objects (and some S3-compatible stores) list an ETag that is no MD5 of the bytes."""
+    import asyncio
+    from dataclasses import replace
+
+    from stager.manifest.object_hash import hash_object
+
+    path = s3_bucket.path / "kms" / "part-0.bin"
+    path.parent.mkdir()
+    path.write_bytes(random.Random(3).randbytes(200 * KiB))
+    not_md5 = "0123456789abcdef0123456789abcdef"
+    async with open_store(SourceConfig(f"{s3_bucket.url}/kms", s3_bucket.storage_options()), retry=FAST_RETRY) as store:
+        (listed,) = await store.list()
+        real_info = store.info
+
+        async def info(p: str):  # the origin keeps listing that ETag for the unchanged object
+            return replace(await real_info(p), md5=not_md5)
+
+        store.info = info
+        with caplog.at_level("WARNING", logger="stager.manifest.object_hash"):
+            hashed = await hash_object(store, replace(listed, md5=not_md5), 64 * KiB, gate=asyncio.Semaphore(4))
+    async with open_store(SourceConfig(str(path.parent))) as local:
+        truth = await hash_object(local, (await local.list())[0], 64 * KiB, gate=asyncio.Semaphore(4))
+    assert (hashed.digest, hashed.blocks) == (truth.digest, truth.blocks)
+    assert "part-0.bin" in caplog.text and "no MD5" in caplog.text
