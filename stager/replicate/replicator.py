@@ -33,7 +33,7 @@ from ..errors import (
     CorruptData,
     ManifestError,
     ShardNotFound,
-    StagerError,
+    first_error,
 )
 from ..manifest import MANIFEST_PATH, Manifest, decode_manifest
 from ..manifest.build import IndexConfig
@@ -245,7 +245,7 @@ class Replicator:
                         await slots.acquire()  # a bounded number of tasks alive, whatever the plan's size
                         tg.create_task(one(item))
         except BaseExceptionGroup as group:
-            raise _first_error(group) from None
+            raise first_error(group) from None
 
     async def _delete_extras(self, plan: Plan, dst: Store) -> None:
         gate = asyncio.Semaphore(self.config.concurrency)
@@ -262,7 +262,7 @@ class Replicator:
                     for path in batch:
                         tg.create_task(one(path))
             except BaseExceptionGroup as group:
-                raise _first_error(group) from None
+                raise first_error(group) from None
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -348,11 +348,3 @@ async def _pages(store: Store) -> AsyncIterator[list[ObjectInfo]]:
             yield page
     except ShardNotFound:
         return
-
-
-def _first_error(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        stager = [e for e in exc.exceptions if isinstance(e, StagerError)]
-        exc = (stager or list(exc.exceptions))[0]
-    return exc

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import xxhash
 
-from ..errors import ManifestError, ShardNotFound
+from ..errors import ManifestError, ShardNotFound, first_error
 from ..manifest import (
     MANIFEST_DIR,
     MANIFEST_PATH,
@@ -119,7 +119,7 @@ async def source_manifest(
         manifest = await build_manifest(src, index or IndexConfig(bin_dtype=None), on_listed=on_listed,
                                         on_bytes=on_bytes)
     except BaseExceptionGroup as group:  # the indexer's task group: report its first error
-        raise _first_leaf(group) from None
+        raise first_error(group) from None
     data = encode_manifest(manifest)
     await asyncio.to_thread(_keep_index, cached, data)
     return SourceManifest(manifest, data, indexed=True)
@@ -153,10 +153,3 @@ async def listing_fingerprint(store: Store) -> str:
             total = (total + xxhash.xxh3_64_intdigest(f"{obj.path}\0{obj.size}\0{obj.mtime}".encode())) % (1 << 64)
             count += 1
     return f"{count:x}-{total:016x}"
-
-
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
