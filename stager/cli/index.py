@@ -11,14 +11,14 @@ from ..manifest import MANIFEST_PATH, load_manifest, save_manifest
 from ..manifest.build import TOKEN_DTYPES, IndexConfig, build_manifest
 from ..store import open_store
 from . import cli
-from .options import SIZE, source_config, storage_option_flag
+from .options import BLOCK_SIZE, source_config, storage_option_flag
 from .progress import byte_progress, run_async
 
 
 @cli.command("index")
 @click.argument("source")
 @storage_option_flag()
-@click.option("--block-size", type=SIZE, default=DEFAULT_BLOCK_SIZE, envvar="STAGER_BLOCK_SIZE", show_default="1MiB",
+@click.option("--block-size", type=BLOCK_SIZE, default=DEFAULT_BLOCK_SIZE, envvar="STAGER_BLOCK_SIZE", show_default="1MiB",
               help="Block size for per-block digests (the unit of verification and of ranged reads).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Only paths matching a glob (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out paths matching a glob (repeatable).")

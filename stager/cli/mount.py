@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from ..config import parse_size
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
 from .options import SIZE, source_config, storage_option_flag
@@ -35,8 +34,8 @@ from .progress import run_async
                                  "daemon serves --cache.")
 @click.option("--no-daemon", is_flag=True, help="Run the engine in the mount's process even when a daemon serves "
                                                 "the cache.")
-def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str, capacity: str,
-                  concurrency: int, bandwidth: str | None, no_hedge: bool, retry_deadline: float,
+def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str | None,
+                  capacity: tuple[int | None, float | None], concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float,
                   direct_writes: bool, foreground: bool, readahead: int, allow_other: bool, log_file: Path | None,
                   socket_path: Path | None, no_daemon: bool) -> None:
     """Mount SOURCE read-only at MOUNTPOINT, in the dataset's own layout, backed by the verified cache.
@@ -53,7 +52,7 @@ def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...]
         source=source_config(source, storage_option), mountpoint=mountpoint,
         cache=cache_config(cache_dir, capacity, direct_writes),
         fetch=fetch_config(concurrency, bandwidth, no_hedge, retry_deadline),
-        readahead=ReadAheadConfig(window_bytes=parse_size(readahead, what="--readahead")),
+        readahead=ReadAheadConfig(window_bytes=readahead),
         allow_other=allow_other, session="embedded" if no_daemon else "auto", socket=socket_path)
     if foreground:
         run_async(serve(config, on_ready=lambda: click.echo(

@@ -11,7 +11,7 @@ from ..config import FetchConfig
 from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, default_socket_path
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .options import SIZE
+from .options import POSITIVE_SIZE, SECONDS, SecondsType
 from .progress import run_async
 
 
@@ -19,7 +19,7 @@ from .progress import run_async
 @cache_flags
 @fetch_flags
 @write_flags
-@click.option("--window", type=SIZE, default=FetchConfig().window_bytes, envvar="STAGER_WINDOW", show_default="2GiB",
+@click.option("--window", type=POSITIVE_SIZE, default=FetchConfig().window_bytes, envvar="STAGER_WINDOW", show_default="2GiB",
               help="Default prefetch window ahead of each consumer's cursor (a plan may ask for another).")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False, path_type=Path), envvar="STAGER_SOCKET",
               default=None, help="Unix socket of the control API [default: /run/stager/stager.sock when that "
@@ -28,17 +28,18 @@ from .progress import run_async
               help="Let this group use the socket too (mode 0660); default: only this user (mode 0600).")
 @click.option("--metrics-address", envvar="STAGER_METRICS_ADDRESS", default=None, metavar="HOST:PORT",
               help="Also serve /metrics and /healthz (read-only) over TCP, e.g. 0.0.0.0:9464.")
-@click.option("--drain-timeout", type=click.FloatRange(min=0, min_open=True), default=DRAIN_TIMEOUT,
+@click.option("--drain-timeout", type=SECONDS, default=DRAIN_TIMEOUT,
               envvar="STAGER_DRAIN_TIMEOUT", show_default=True,
               help="Seconds SIGTERM/SIGINT wait for block requests in flight before cancelling them.")
-@click.option("--lease", type=click.FloatRange(min=1), default=LEASE, envvar="STAGER_LEASE",
+@click.option("--lease", type=SecondsType(1, allow_minimum=True), default=LEASE, envvar="STAGER_LEASE",
               show_default=True, help="Seconds without a request or heartbeat after which a consumer's plans "
               "are dropped (at once when its process is seen dead).")
 @click.option("--local-sources/--no-local-sources", default=True, show_default=True,
               envvar="STAGER_LOCAL_SOURCES", help="Serve datasets on local paths (read with the daemon's permissions).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, expose_value=True,
               help="TOML config file (the same as `stager --config FILE serve`).")
-def serve_command(cache_dir: str, capacity: str, concurrency: int, bandwidth: str | None, no_hedge: bool,
+def serve_command(cache_dir: str | None, capacity: tuple[int | None, float | None], concurrency: int,
+                  bandwidth: int | None, no_hedge: bool,
                   retry_deadline: float, direct_writes: bool, window: int, socket_path: Path | None,
                   socket_group: str | None, metrics_address: str | None, drain_timeout: float, lease: float,
                   local_sources: bool, config_file: str | None) -> None:
