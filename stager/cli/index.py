@@ -23,8 +23,10 @@ from .progress import byte_progress, run_async
 @click.option("--include", multiple=True, metavar="GLOB", help="Only paths matching a glob (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out paths matching a glob (repeatable).")
 @click.option("--dtype", type=click.Choice(TOKEN_DTYPES + ("none",)), default="uint16", show_default=True,
+              envvar="STAGER_DTYPE",
               help="Token dtype of flat .bin shards ('none': .bin files are not token shards).")
-@click.option("--token-column", default="tokens", show_default=True, help="List column holding tokens in Parquet shards.")
+@click.option("--token-column", default="tokens", show_default=True, envvar="STAGER_TOKEN_COLUMN",
+              help="List column holding tokens in Parquet shards.")
 @click.option("--concurrency", type=click.IntRange(1, 1024), default=16, envvar="STAGER_CONCURRENCY",
               show_default=True, help="Block reads in flight.")
 @click.option("--dry-run", is_flag=True, help="Hash and summarise, but do not write the manifest.")

@@ -25,14 +25,14 @@ from .progress import run_async
               help="Stay attached and serve until Ctrl-C, SIGTERM or an unmount (default: return once mounted).")
 @click.option("--readahead", type=SIZE, default="512MiB", show_default=True, envvar="STAGER_READAHEAD",
               help="How far ahead of a sequential reader to stage (0: no read-ahead).")
-@click.option("--allow-other", is_flag=True,
+@click.option("--allow-other", is_flag=True, envvar="STAGER_ALLOW_OTHER",
               help="Let other users read the mount (non-root users need user_allow_other in /etc/fuse.conf).")
-@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None, envvar="STAGER_LOG_FILE",
               help="Log of a background mount (default: stager-mount-UID-NAME.log in the temp directory).")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False, path_type=Path), envvar="STAGER_SOCKET",
               default=None, help="The node daemon's socket (default: see `stager serve --help`); used when a "
                                  "daemon serves --cache.")
-@click.option("--no-daemon", is_flag=True, help="Run the engine in the mount's process even when a daemon serves "
+@click.option("--no-daemon", is_flag=True, envvar="STAGER_NO_DAEMON", help="Run the engine in the mount's process even when a daemon serves "
                                                 "the cache.")
 def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str | None,
                   capacity: tuple[int | None, float | None], concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float,

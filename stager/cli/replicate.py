@@ -77,9 +77,9 @@ def _side(url: str, profile: str | None, pairs: tuple[str, ...], side: str) -> S
 @click.option("--quiet-period", type=SecondsType(0, allow_minimum=True), default=60.0, show_default=True,
               envvar="STAGER_QUIET_PERIOD",
               help="--watch: seconds; a file unchanged this long counts as complete even without a marker.")
-@click.option("--ready-marker", multiple=True, metavar="NAME",
-              help="--watch: file names that mark their folder complete (repeatable; default: _SUCCESS, "
-                   "COMPLETE, commit_success.txt, .metadata).")
+@click.option("--ready-marker", multiple=True, metavar="NAME", envvar="STAGER_READY_MARKER",
+              help="--watch: file names that mark their folder complete (repeatable, or space-separated in "
+                   "the variable; default: _SUCCESS, COMPLETE, commit_success.txt, .metadata).")
 @click.option("--idle-exit", type=SecondsType(0, allow_minimum=True), default=None, envvar="STAGER_IDLE_EXIT",
               help="--watch: stop after this many seconds without a new complete file (default: never).")
 @click.option("--concurrency", type=click.IntRange(1, 4096), default=32, envvar="STAGER_CONCURRENCY",
@@ -102,6 +102,7 @@ def _side(url: str, profile: str | None, pairs: tuple[str, ...], side: str) -> S
               envvar="STAGER_BLOCK_SIZE",
               help="Block size when the source has no manifest and is indexed on the fly (and for --watch).")
 @click.option("--dtype", type=click.Choice(TOKEN_DTYPES + ("none",)), default="none", show_default=True,
+              envvar="STAGER_DTYPE",
               help="When the source is indexed on the fly: the token dtype of its .bin shards (as stager index).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def replicate_command(src: str, dst: str, src_option: tuple[str, ...], dst_option: tuple[str, ...],

@@ -36,7 +36,7 @@ from .progress import run_async
               "are dropped (at once when its process is seen dead).")
 @click.option("--local-sources/--no-local-sources", default=True, show_default=True,
               envvar="STAGER_LOCAL_SOURCES", help="Serve datasets on local paths (read with the daemon's permissions).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, expose_value=True,
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, envvar="STAGER_CONFIG",
               help="TOML config file (the same as `stager --config FILE serve`).")
 def serve_command(cache_dir: str | None, capacity: tuple[int | None, float | None], concurrency: int,
                   bandwidth: int | None, no_hedge: bool,
