@@ -28,8 +28,8 @@ _PAGE = 256
 
 
 def _sampled(index: BlobIndex, sample: float | None, seed: int | None) -> Iterator[BlobRow]:
-    """Every row, or a ``sample`` share of them: at least one when there are any (a sample of a
-    small cache that picked nothing would report it verified without reading a byte)."""
+    """Every row, or a ``sample`` share of them: at least one when there are any and ``sample > 0``
+    (a sample of a small cache that picked nothing would report it verified without reading a byte)."""
     rng = random.Random(seed)
     after = ""
     picked = False
@@ -39,7 +39,7 @@ def _sampled(index: BlobIndex, sample: float | None, seed: int | None) -> Iterat
             if sample is None or rng.random() < sample:
                 picked = True
                 yield row
-    if not picked and (first := index.page("", 1)):
+    if not picked and sample and (first := index.page("", 1)):
         yield first[0]
 
 
