@@ -22,7 +22,7 @@ from pathlib import Path
 
 import xxhash
 
-from ..errors import ManifestError, ShardNotFound, first_error
+from ..errors import ManifestError, OriginError, ShardNotFound, first_error
 from ..manifest import (
     MANIFEST_DIR,
     MANIFEST_PATH,
@@ -32,6 +32,7 @@ from ..manifest import (
 )
 from ..manifest.build import IndexConfig, build_manifest
 from ..store import Store, UnsupportedOperation
+from ..store.translate import relocated
 
 #: Reads of a manifest at most, until two of them agree.
 MANIFEST_READS = 8
@@ -72,6 +73,8 @@ async def read_manifest_bytes(store: Store) -> bytes | None:
             data = await store.read(MANIFEST_PATH)
         except ShardNotFound:
             return None
+        except OriginError as exc:  # say which URL, and where it was asked
+            raise relocated(exc, MANIFEST_PATH, f"{store.url.rstrip('/')}/{MANIFEST_PATH}", store.endpoint) from exc
         digest = xxhash.xxh3_128_digest(data)
         if digest in seen:
             return data

@@ -37,7 +37,7 @@ def test_replicate_state_an_older_version_left_in_the_cache_is_moved_and_used(tm
                            check=True).stdout)
     assert first["copied_objects"] == 2
     state_root = home / ".local" / "state" / "stager" / "replicate"
-    (home / ".cache" / "stager").mkdir(parents=True)
+    (home / ".cache" / "stager").mkdir(parents=True, exist_ok=True)
     (state_root).rename(home / ".cache" / "stager" / "replicate")  # where older versions kept it
     result = run(["stage", str(tmp_path / "src"), "--capacity", "100MB"], env=env)
     assert result.returncode == 0, result.stderr  # it was: "not a stager cache ... and not empty"
