@@ -130,6 +130,8 @@ class RateType(_StrictType):
     toml_name = "a rate (a string such as \"200MB/s\" or \"unlimited\", or bytes per second)"
 
     def parse(self, value: Any) -> int | None:
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError("empty: give a rate such as 200MB/s, or 'unlimited'")
         return parse_rate(value, what=None)
 
 

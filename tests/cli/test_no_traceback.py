@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import socket
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -22,7 +23,8 @@ CASES = {
     "capacity-one": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "1"], {}, "--capacity"),
     "capacity-fraction": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "0.5"], {}, "--capacity"),
     "capacity-word": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "lots"], {}, "--capacity"),
-    "deadline-nan": (["stage", "{closed_url}", "--cache", "{cache}", "--retry-deadline", "nan"], {},
+    # nan used to be taken, and then waited for ever on an origin that never answers
+    "deadline-nan": (["stage", "{silent_url}", "--cache", "{cache}", "--retry-deadline", "nan"], {},
                      "--retry-deadline"),
     "deadline-inf": (["stage", "{corpus}", "--cache", "{cache}", "--retry-deadline", "inf"], {}, "--retry-deadline"),
     "deadline-negative": (["replicate", "{corpus}", "{dst}", "--retry-deadline", "-1"], {}, "--retry-deadline"),
@@ -91,7 +93,16 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def places(tmp_path_factory) -> dict[str, str]:
+def silent_origin() -> Iterator[str]:
+    """A loopback origin that takes connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/corpus"
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory, silent_origin) -> dict[str, str]:
     tmp = tmp_path_factory.mktemp("errors")
     make_corpus(tmp / "corpus", shards=2)
     (tmp / "empty").mkdir()
@@ -119,7 +130,7 @@ def places(tmp_path_factory) -> dict[str, str]:
         "tmp": str(tmp), "corpus": str(tmp / "corpus"), "cache": str(tmp / "cache"), "dst": str(tmp / "dst"),
         "empty": str(tmp / "empty"), "bad_manifest": str(tmp / "bad"), "odd": str(tmp / "odd"),
         "not_a_cache": str(tmp / "not-a-cache"), "file": str(tmp / "file"), "socket": str(tmp / "s.sock"),
-        "closed_url": f"http://127.0.0.1:{port}/corpus", "closed_http": f"http://127.0.0.1:{port}",
+        "silent_url": silent_origin, "closed_url": f"http://127.0.0.1:{port}/corpus", "closed_http": f"http://127.0.0.1:{port}",
         **{name: str(tmp / f"{name}.toml") for name in configs},
     }
 
