@@ -88,6 +88,14 @@ def test_the_deployed_config_file_is_valid_and_every_key_in_it_is_used(tmp_path,
     assert result.returncode == 0, result.stderr
 
 
+def test_the_examples_commented_out_in_the_deployed_file_are_valid_too(tmp_path):
+    import re
+
+    text = re.sub(r"(?m)^# (\[[\w.]+\]|\w+ = .*)$", r"\1", DEPLOYED.read_text())
+    assert text.count("\n[") > DEPLOYED.read_text().count("\n[")  # the tables commented out came back
+    load_config_file(write(tmp_path, text), cli.all_commands())
+
+
 def test_storage_options_and_profiles_tables_are_accepted(tmp_path, capsys):
     path = write(tmp_path, '[storage_options]\nendpoint_url = "http://127.0.0.1:9"\n'
                            '[storage_options.client_kwargs]\nregion_name = "x"\n'
