@@ -88,3 +88,19 @@ def test_a_bug_inside_a_group_keeps_its_traceback(capsys, monkeypatch):
     monkeypatch.setattr("stager.demo.run_demo", broken)
     with pytest.raises(ExceptionGroup):  # not turned into a line: the traceback shows the bug
         run_here(["demo", "--dir", "unused"], capsys)
+
+
+def test_the_readme_open_session_snippet_runs_as_written(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    snippet = next(b for b in blocks if "open_session(" in b)
+    make_corpus(tmp_path / "corpus", shards=2)
+    code = (snippet.replace("/nvme/stager", str(tmp_path / "cache"))
+            .replace("s3://bucket/corpus", str(tmp_path / "corpus")))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
