@@ -33,7 +33,7 @@ import click
 
 from .. import __version__
 from ..errors import StagerError, group_message
-from .config_file import load_config_file
+from .config_file import check_config, load_config_file
 from .failure import usage_error_line
 
 EXIT_ERROR = 1
@@ -96,6 +96,11 @@ class StagerGroup(click.Group):
         ctx = super().make_context(info_name, args, parent=parent, **extra)
         ctx.meta[CONFIG_META] = config  # shared with the subcommand's context: errors name the file's keys
         return ctx
+
+
+def _default_map(config: dict[str, Any], commands: dict[str, click.Command]) -> dict[str, dict[str, Any]]:
+    """click's default_map for a parsed config file (checked first; see :mod:`.config_file`)."""
+    return check_config(config, "config file", commands).default_map
 
 
 def _find_config_path(args: list[str]) -> str | None:

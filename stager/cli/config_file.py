@@ -43,7 +43,15 @@ def load_config_file(path: str, commands: Mapping[str, click.Command]) -> Config
         ConfigError: unreadable, not TOML, an unknown key or table, or a value of the wrong type
             (one line naming the file and the key).
     """
-    data = load_toml(path)
+    return check_config(load_toml(path), path, commands)
+
+
+def check_config(data: Mapping[str, Any], path: str, commands: Mapping[str, click.Command]) -> ConfigFile:
+    """Check the parsed config ``data`` (read from ``path``, which messages name) and map it for ``commands``.
+
+    Raises:
+        ConfigError: an unknown key or table, or a value of the wrong type.
+    """
     keys = {name: _option_keys(command) for name, command in commands.items()}
     everywhere: dict[str, list[click.Option]] = {}
     for options in keys.values():
@@ -142,7 +150,7 @@ def _suggest(key: str, known: Any, before: str = "'", after: str = "'") -> str:
     return f" (did you mean {before}{close[0]}{after}?)" if close else ""
 
 
-def _mapped(path: str, data: dict[str, Any], commands: Mapping[str, click.Command],
+def _mapped(path: str, data: Mapping[str, Any], commands: Mapping[str, click.Command],
             keys: Mapping[str, Mapping[str, click.Option]]) -> ConfigFile:
     shared = {k: v for k, v in data.items() if k not in commands and k != "profiles"}
     result = ConfigFile(path)
