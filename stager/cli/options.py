@@ -176,3 +176,28 @@ CAPACITY = CapacityType()
 RATE = RateType()
 SECONDS = SecondsType()
 SHARE = ShareType()
+
+
+def checked_by(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback that checks a value with ``parse`` (which raises ConfigError) and keeps the text.
+
+    The parser's message may start with the flag and the value (``--shard '5/2': ...``); that
+    part is left to the error handler, which names the flag, the variable or the file's key.
+    """
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return value
+        try:
+            parse(value)
+        except ConfigError as exc:
+            message = str(exc)
+            for opt in getattr(param, "opts", ()):
+                if message.startswith(f"{opt} {value!r}: "):  # "--shard '5/2': need ..."
+                    message = message[len(f"{opt} {value!r}: "):]
+                elif message.startswith(f"{opt}: "):  # "--metrics-address: 'x' is not ..."
+                    message = message[len(f"{opt}: "):]
+            raise click.BadParameter(message, ctx=ctx, param=param) from exc
+        return value
+
+    return callback

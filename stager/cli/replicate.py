@@ -16,7 +16,7 @@ from ..replicate.copier import DEFAULT_PART_SIZE
 from ..replicate.replicator import MAX_PART_SIZE
 from ..replicate.plan import Action
 from . import cli
-from .options import BLOCK_SIZE, RATE, SECONDS, SecondsType, SizeType, parse_storage_options
+from .options import BLOCK_SIZE, RATE, SECONDS, SecondsType, SizeType, checked_by, parse_storage_options
 from .progress import byte_progress, run_async, stderr_console
 
 
@@ -65,7 +65,7 @@ def _side(url: str, profile: str | None, pairs: tuple[str, ...], side: str) -> S
 @click.option("--finalize", is_flag=True,
               help="Copy nothing: check the destination (trusting shards that left a done-marker) and write "
                    "its manifest if complete.")
-@click.option("--shard", envvar="STAGER_SHARD", metavar="I/N",
+@click.option("--shard", envvar="STAGER_SHARD", metavar="I/N", callback=checked_by(parse_shard),
               help="Copy only shard I of N. Default: from SLURM_ARRAY_TASK_ID/SLURM_PROCID or "
                    "JOB_COMPLETION_INDEX with STAGER_SHARD_COUNT, else 0/1.")
 @click.option("--state-dir", envvar="STAGER_REPLICATE_STATE", type=click.Path(file_okay=False),

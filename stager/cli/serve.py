@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from ..config import FetchConfig
-from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, default_socket_path
+from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, default_socket_path, parse_address
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .options import POSITIVE_SIZE, SECONDS, SecondsType
+from .options import POSITIVE_SIZE, SECONDS, SecondsType, checked_by
 from .progress import run_async
 
 
@@ -27,6 +27,7 @@ from .progress import run_async
 @click.option("--socket-group", envvar="STAGER_SOCKET_GROUP", default=None, metavar="GROUP",
               help="Let this group use the socket too (mode 0660); default: only this user (mode 0600).")
 @click.option("--metrics-address", envvar="STAGER_METRICS_ADDRESS", default=None, metavar="HOST:PORT",
+              callback=checked_by(parse_address),
               help="Also serve /metrics and /healthz (read-only) over TCP, e.g. 0.0.0.0:9464.")
 @click.option("--drain-timeout", type=SECONDS, default=DRAIN_TIMEOUT,
               envvar="STAGER_DRAIN_TIMEOUT", show_default=True,

@@ -61,6 +61,9 @@ CASES = {
                      "STAGER_RETRY_DEADLINE=nan"),
     "env-flag": (["stage", "{corpus}", "--cache", "{cache}"], {"STAGER_DIRECT_WRITES": "maybe"},
                  "STAGER_DIRECT_WRITES=maybe"),
+    "env-shard": (["replicate", "{corpus}", "{dst}"], {"STAGER_SHARD": "5/2"}, "STAGER_SHARD=5/2"),
+    "env-metrics-address": (["serve", "--cache", "{cache}", "--socket", "{socket}"],
+                            {"STAGER_METRICS_ADDRESS": "nonsense"}, "STAGER_METRICS_ADDRESS=nonsense"),
     "env-config-missing": (["status", "--cache", "{cache}"], {"STAGER_CONFIG": "{tmp}/absent.toml"}, "absent.toml"),
     # bad config files
     "config-unknown-key": (["--config", "{conf_typo}", "status", "--cache", "{cache}"], {}, "'capcity'"),
