@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("stager: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.NoArgsIsHelpError as exc:  # plain `stager`: the help, as click shows it
+        exc.show()
+        sys.exit(exc.exit_code)
     except click.UsageError as exc:
         config = exc.ctx.meta.get(CONFIG_META) if exc.ctx is not None else None
         click.echo(f"stager: error: {_one_line(usage_error_line(exc, config))}", err=True)

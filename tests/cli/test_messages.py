@@ -104,3 +104,9 @@ def test_the_readme_open_session_snippet_runs_as_written(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_stager_alone_shows_the_usage_not_an_error(capsys):
+    result = run_here([], capsys)
+    assert "Usage: stager" in result.stderr and "Commands:" in result.stderr
+    assert "stager: error:" not in result.stderr
