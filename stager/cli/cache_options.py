@@ -16,7 +16,7 @@ from ..config import (
     default_cache_dir,
     move_legacy_replicate_state,
 )
-from .options import CAPACITY, RATE, SECONDS
+from .options import CAPACITY, RATE, SECONDS, Capacity
 
 
 def cache_flags(fn: Callable) -> Callable:
@@ -55,8 +55,7 @@ def fetch_flags(fn: Callable) -> Callable:
     return fn
 
 
-def cache_config(cache_dir: str | None, capacity: tuple[int | None, float | None],
-                 direct_writes: bool = True) -> CacheConfig:
+def cache_config(cache_dir: str | None, capacity: Capacity, direct_writes: bool = True) -> CacheConfig:
     """The cache of a command from its ``--cache`` and (parsed) ``--capacity``."""
     directory = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     if directory == Path(LEGACY_CACHE_DIR).expanduser():

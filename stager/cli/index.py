@@ -18,7 +18,8 @@ from .progress import byte_progress, run_async
 @cli.command("index")
 @click.argument("source")
 @storage_option_flag()
-@click.option("--block-size", type=BLOCK_SIZE, default=DEFAULT_BLOCK_SIZE, envvar="STAGER_BLOCK_SIZE", show_default="1MiB",
+@click.option("--block-size", type=BLOCK_SIZE, default=DEFAULT_BLOCK_SIZE, envvar="STAGER_BLOCK_SIZE",
+              show_default="1MiB",
               help="Block size for per-block digests (the unit of verification and of ranged reads).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Only paths matching a glob (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out paths matching a glob (repeatable).")

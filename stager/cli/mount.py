@@ -10,7 +10,7 @@ import click
 
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .options import SIZE, source_config, storage_option_flag
+from .options import SIZE, Capacity, source_config, storage_option_flag
 from .progress import run_async
 
 
@@ -32,10 +32,10 @@ from .progress import run_async
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False, path_type=Path), envvar="STAGER_SOCKET",
               default=None, help="The node daemon's socket (default: see `stager serve --help`); used when a "
                                  "daemon serves --cache.")
-@click.option("--no-daemon", is_flag=True, envvar="STAGER_NO_DAEMON", help="Run the engine in the mount's process even when a daemon serves "
-                                                "the cache.")
+@click.option("--no-daemon", is_flag=True, envvar="STAGER_NO_DAEMON",
+              help="Run the engine in the mount's process even when a daemon serves the cache.")
 def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str | None,
-                  capacity: tuple[int | None, float | None], concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float,
+                  capacity: Capacity, concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float,
                   direct_writes: bool, foreground: bool, readahead: int, allow_other: bool, log_file: Path | None,
                   socket_path: Path | None, no_daemon: bool) -> None:
     """Mount SOURCE read-only at MOUNTPOINT, in the dataset's own layout, backed by the verified cache.

@@ -118,7 +118,7 @@ class CapacityType(_StrictType):
             return value
         return super().convert(value, param, ctx)
 
-    def parse(self, value: Any) -> tuple[int | None, float | None]:
+    def parse(self, value: Any) -> Capacity:
         return parse_capacity(value, what=None)
 
 
@@ -167,6 +167,9 @@ class ShareType(_StrictType):
             raise ConfigError(f"a share must be in (0, 1] (or (0%, 100%]), got {value!r}")
         return share
 
+
+#: A parsed ``--capacity``: ``(bytes, None)`` or ``(None, share of the disk)``.
+Capacity = tuple[int | None, float | None]
 
 SIZE = SizeType()
 POSITIVE_SIZE = SizeType(minimum=1)

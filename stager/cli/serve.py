@@ -11,7 +11,7 @@ from ..config import FetchConfig
 from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, default_socket_path, parse_address
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .options import POSITIVE_SIZE, SECONDS, SecondsType, checked_by
+from .options import POSITIVE_SIZE, SECONDS, Capacity, SecondsType, checked_by
 from .progress import run_async
 
 
@@ -19,7 +19,8 @@ from .progress import run_async
 @cache_flags
 @fetch_flags
 @write_flags
-@click.option("--window", type=POSITIVE_SIZE, default=FetchConfig().window_bytes, envvar="STAGER_WINDOW", show_default="2GiB",
+@click.option("--window", type=POSITIVE_SIZE, default=FetchConfig().window_bytes, envvar="STAGER_WINDOW",
+              show_default="2GiB",
               help="Default prefetch window ahead of each consumer's cursor (a plan may ask for another).")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False, path_type=Path), envvar="STAGER_SOCKET",
               default=None, help="Unix socket of the control API [default: /run/stager/stager.sock when that "
@@ -39,7 +40,7 @@ from .progress import run_async
               envvar="STAGER_LOCAL_SOURCES", help="Serve datasets on local paths (read with the daemon's permissions).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, envvar="STAGER_CONFIG",
               help="TOML config file (the same as `stager --config FILE serve`).")
-def serve_command(cache_dir: str | None, capacity: tuple[int | None, float | None], concurrency: int,
+def serve_command(cache_dir: str | None, capacity: Capacity, concurrency: int,
                   bandwidth: int | None, no_hedge: bool,
                   retry_deadline: float, direct_writes: bool, window: int, socket_path: Path | None,
                   socket_group: str | None, metrics_address: str | None, drain_timeout: float, lease: float,

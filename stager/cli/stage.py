@@ -24,7 +24,7 @@ from ..hashing import block_range
 from ..session import EmbeddedSession, RemoteSession, Session, open_session
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .options import POSITIVE_SIZE, source_config, storage_option_flag
+from .options import POSITIVE_SIZE, Capacity, source_config, storage_option_flag
 from .progress import byte_progress, run_async
 
 
@@ -39,9 +39,10 @@ from .progress import byte_progress, run_async
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), envvar="STAGER_SOCKET", default=None,
               help="The node daemon's socket (default: see `stager serve --help`); used when a daemon serves --cache.")
-@click.option("--no-daemon", is_flag=True, envvar="STAGER_NO_DAEMON", help="Run the engine in this process even when a daemon serves the cache.")
-def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str | None,
-                  capacity: tuple[int | None, float | None], concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float, direct_writes: bool,
+@click.option("--no-daemon", is_flag=True, envvar="STAGER_NO_DAEMON",
+              help="Run the engine in this process even when a daemon serves the cache.")
+def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str | None, capacity: Capacity,
+                  concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float, direct_writes: bool,
                   limit: int | None, as_json: bool, socket_path: str | None, no_daemon: bool) -> None:
     """Stage every shard of SOURCE into the cache, verifying each block against the manifest.
 

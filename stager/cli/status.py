@@ -20,7 +20,7 @@ from ..config import CacheConfig
 from ..errors import StagerError
 from . import cli
 from .cache_options import cache_config, cache_flags
-from .options import SHARE
+from .options import SHARE, Capacity
 from .progress import run_async, stderr_console
 
 
@@ -37,7 +37,7 @@ def _size(n: int) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), envvar="STAGER_SOCKET", default=None,
               help="The node daemon's socket (default: see `stager serve --help`); asked when it serves --cache.")
-def status_command(cache_dir: str | None, capacity: tuple[int | None, float | None], as_json: bool, socket_path: str | None) -> None:
+def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, socket_path: str | None) -> None:
     """Show what the cache holds: capacity, use, and each dataset's blobs (complete and partial).
 
     When a node daemon serves the cache, also show the daemon and its consumers' plans.
@@ -120,7 +120,8 @@ def _daemon_status(config: CacheConfig, socket_path: str | None) -> dict[str, An
               help="Re-hash only this share of the blobs, 0.1 or 10% (at least one blob); default: all.")
 @click.option("--no-repair", is_flag=True, help="Only report; do not drop blobs that fail.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def verify_command(cache_dir: str | None, capacity: tuple[int | None, float | None], sample: float | None, no_repair: bool, as_json: bool) -> None:
+def verify_command(cache_dir: str | None, capacity: Capacity, sample: float | None, no_repair: bool,
+                   as_json: bool) -> None:
     """Re-hash the cache against the recorded block digests; drop what fails so it is fetched again.
 
     Dropped blobs are fetched again (and verified) by the next `stager stage` or by the

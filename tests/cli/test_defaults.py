@@ -1,4 +1,5 @@
-"""Default places: the cache under $XDG_CACHE_HOME, replicate's state under $XDG_STATE_HOME, never one inside the other."""
+"""Default places: the cache under $XDG_CACHE_HOME, replicate's state under $XDG_STATE_HOME,
+never one inside the other."""
 
 from __future__ import annotations
 

@@ -133,7 +133,8 @@ def places(tmp_path_factory, silent_origin) -> dict[str, str]:
         "tmp": str(tmp), "corpus": str(tmp / "corpus"), "cache": str(tmp / "cache"), "dst": str(tmp / "dst"),
         "empty": str(tmp / "empty"), "bad_manifest": str(tmp / "bad"), "odd": str(tmp / "odd"),
         "not_a_cache": str(tmp / "not-a-cache"), "file": str(tmp / "file"), "socket": str(tmp / "s.sock"),
-        "silent_url": silent_origin, "closed_url": f"http://127.0.0.1:{port}/corpus", "closed_http": f"http://127.0.0.1:{port}",
+        "silent_url": silent_origin, "closed_url": f"http://127.0.0.1:{port}/corpus",
+        "closed_http": f"http://127.0.0.1:{port}",
         **{name: str(tmp / f"{name}.toml") for name in configs},
     }
 
