@@ -78,7 +78,8 @@ def test_errors_of_a_task_group_reach_the_user_as_one_line(tmp_path, capsys):
     result = run(["index", str(tmp_path), "--concurrency", "4"])
     errors = [line for line in result.stderr.splitlines() if line.startswith("stager: error:")]
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert len(errors) == 1 and "not a whole number of uint16 tokens (and 2 other errors)" in errors[0], errors
+    # one line, the first error's; how many others failed before the group cancelled the rest varies
+    assert len(errors) == 1 and "not a whole number of uint16 tokens" in errors[0], errors
 
 
 def test_a_bug_inside_a_group_keeps_its_traceback(capsys, monkeypatch):

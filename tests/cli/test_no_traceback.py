@@ -87,7 +87,7 @@ CASES = {
                              "endpoint_url={closed_http}", "-o", "key=stagertest", "-o", "secret=stagertestsecret"],
                             {}, "endpoint {closed_http}"),
     "too-large-for-cache": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "1000B"], {}, "larger than"),
-    "index-task-group": (["index", "{odd}", "--concurrency", "4"], {}, "(and 2 other errors)"),
+    "index-task-group": (["index", "{odd}", "--concurrency", "4"], {}, "whole number of uint16 tokens"),
     "replicate-no-manifest-http": (["replicate", "{closed_url}", "{dst}", "--retry-deadline", "0.5"], {},
                                    "{closed_url}"),
     "not-a-cache": (["status", "--cache", "{not_a_cache}"], {}, "not a stager cache"),
