@@ -86,6 +86,7 @@ CASES = {
     "s3-endpoint-refused": (["stage", "s3://bucket/corpus", "--cache", "{cache}", "--retry-deadline", "0.5", "-o",
                              "endpoint_url={closed_http}", "-o", "key=stagertest", "-o", "secret=stagertestsecret"],
                             {}, "endpoint {closed_http}"),
+    "does-not-fit": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "400000B"], {}, "do not fit"),
     "too-large-for-cache": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "1000B"], {}, "larger than"),
     "index-task-group": (["index", "{odd}", "--concurrency", "4"], {}, "whole number of uint16 tokens"),
     "replicate-no-manifest-http": (["replicate", "{closed_url}", "{dst}", "--retry-deadline", "0.5"], {},
