@@ -23,6 +23,11 @@ the standard library can still catch it (``except FileNotFoundError``)::
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
 the store's and the cache's edge, with ``raise ... from exc``. Only the CLI turns
 a ``StagerError`` into a one-line message; only ``fuse/`` turns one into errno.
+
+Work fanned out with ``asyncio.TaskGroup`` fails with an ``ExceptionGroup``;
+:func:`leaf_errors`, :func:`first_error` and :func:`group_message` are the one
+place that looks inside one (for code that re-raises a single error, and for
+the CLI's one line).
 """
 
 from __future__ import annotations
@@ -88,6 +93,43 @@ class DaemonError(StagerError, ConnectionError):
     """The node daemon cannot be reached, or its API answered with an error."""
 
 
+def leaf_errors(group: BaseException) -> list[BaseException]:
+    """The errors inside ``group`` (nested groups flattened, in order); ``[group]`` if it is not a group."""
+    if not isinstance(group, BaseExceptionGroup):
+        return [group]
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:  # depth-first, keeping the order the group lists them in
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(reversed(exc.exceptions))
+        else:
+            leaves.append(exc)
+    return leaves
+
+
+def first_error(group: BaseException) -> BaseException:
+    """The error to report for ``group``: its first :class:`StagerError`, else its first error of any kind."""
+    leaves = leaf_errors(group)
+    return next((e for e in leaves if isinstance(e, StagerError)), leaves[0])
+
+
+def group_message(group: BaseException) -> str | None:
+    """One line for a group whose every error is a :class:`StagerError`; None if any is not (a bug).
+
+    The line is the first error's, then ``(and N other errors)`` when there are more.
+    Cancellations that the first failure caused in its sibling tasks are not counted.
+    """
+    import asyncio
+
+    leaves = [e for e in leaf_errors(group) if not isinstance(e, asyncio.CancelledError)]
+    if not leaves or not all(isinstance(e, StagerError) for e in leaves):
+        return None
+    others = len(leaves) - 1
+    suffix = f" (and {others} other error{'s' if others > 1 else ''})" if others else ""
+    return f"{leaves[0]}{suffix}"
+
+
 __all__ = [
     "AccessDenied",
     "BlobTooLarge",
@@ -104,4 +146,7 @@ __all__ = [
     "StagerError",
     "Throttled",
     "TransientOriginError",
+    "first_error",
+    "group_message",
+    "leaf_errors",
 ]

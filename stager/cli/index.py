@@ -11,22 +11,25 @@ from ..manifest import MANIFEST_PATH, load_manifest, save_manifest
 from ..manifest.build import AUTO, TOKEN_DTYPES, IndexConfig, build_manifest, list_selected, plain_bin_files
 from ..store import open_store
 from . import cli
-from .options import SIZE, source_config, storage_option_flag
+from .options import BLOCK_SIZE, source_config, storage_option_flag
 from .progress import byte_progress, run_async
 
 
 @cli.command("index")
 @click.argument("source")
 @storage_option_flag()
-@click.option("--block-size", type=SIZE, default=DEFAULT_BLOCK_SIZE, envvar="STAGER_BLOCK_SIZE", show_default="1MiB",
+@click.option("--block-size", type=BLOCK_SIZE, default=DEFAULT_BLOCK_SIZE, envvar="STAGER_BLOCK_SIZE",
+              show_default="1MiB",
               help="Block size for per-block digests (the unit of verification and of ranged reads).")
 @click.option("--include", multiple=True, metavar="GLOB", help="Only paths matching a glob (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out paths matching a glob (repeatable).")
 @click.option("--dtype", type=click.Choice((AUTO,) + TOKEN_DTYPES + ("none",)), default=AUTO, show_default=True,
+              envvar="STAGER_DTYPE",
               help="Token dtype of flat .bin shards. 'auto': uint16 where a file's size is a whole number of "
                    "uint16 tokens, else a plain file (model weights, say); a dtype given outright must fit every "
                    ".bin file; 'none': .bin files are not token shards.")
-@click.option("--token-column", default="tokens", show_default=True, help="List column holding tokens in Parquet shards.")
+@click.option("--token-column", default="tokens", show_default=True, envvar="STAGER_TOKEN_COLUMN",
+              help="List column holding tokens in Parquet shards.")
 @click.option("--concurrency", type=click.IntRange(1, 1024), default=16, envvar="STAGER_CONCURRENCY",
               show_default=True, help="Block reads in flight.")
 @click.option("--dry-run", is_flag=True, help="Hash and summarise, but do not write the manifest.")

@@ -20,6 +20,7 @@ from ..config import CacheConfig
 from ..errors import StagerError
 from . import cli
 from .cache_options import cache_config, cache_flags
+from .options import SHARE, Capacity
 from .progress import run_async, stderr_console
 
 
@@ -36,7 +37,7 @@ def _size(n: int) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), envvar="STAGER_SOCKET", default=None,
               help="The node daemon's socket (default: see `stager serve --help`); asked when it serves --cache.")
-def status_command(cache_dir: str, capacity: str, as_json: bool, socket_path: str | None) -> None:
+def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, socket_path: str | None) -> None:
     """Show what the cache holds: capacity, use, and each dataset's blobs (complete and partial).
 
     When a node daemon serves the cache, also show the daemon and its consumers' plans.
@@ -115,17 +116,19 @@ def _daemon_status(config: CacheConfig, socket_path: str | None) -> dict[str, An
 
 @cli.command("verify")
 @cache_flags
-@click.option("--sample", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
-              help="Re-hash only this share of the blobs (e.g. 0.1); default: all.")
+@click.option("--sample", type=SHARE, default=None,
+              help="Re-hash only this share of the blobs, 0.1 or 10% (at least one blob); default: all.")
 @click.option("--no-repair", is_flag=True, help="Only report; do not drop blobs that fail.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def verify_command(cache_dir: str, capacity: str, sample: float | None, no_repair: bool, as_json: bool) -> None:
+def verify_command(cache_dir: str | None, capacity: Capacity, sample: float | None, no_repair: bool,
+                   as_json: bool) -> None:
     """Re-hash the cache against the recorded block digests; drop what fails so it is fetched again.
 
     Dropped blobs are fetched again (and verified) by the next `stager stage` or by the
     consumer that next needs them. Exits 1 when anything failed verification.
     """
-    cache = CacheTier(cache_config(cache_dir, capacity))
+    config = cache_config(cache_dir, capacity)
+    cache = CacheTier(config)
     try:
         report = cache.verify(sample=sample, repair=not no_repair)
     finally:
@@ -144,5 +147,5 @@ def verify_command(cache_dir: str, capacity: str, sample: float | None, no_repai
         for bad in report.bad[:20]:
             click.echo(f"  {bad.digest}: {bad.reason}, blocks {list(bad.bad_blocks)[:10]}")
     if report.bad:
-        raise StagerError(f"{len(report.bad)} blob(s) in {cache_dir} failed verification"
+        raise StagerError(f"{len(report.bad)} blob(s) in {config.directory} failed verification"
                           + (" and were dropped" if report.repaired else ""))

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from ..cache.layout import CacheLayout
-from ..config import DEFAULT_CACHE_DIR, CacheConfig, FetchConfig, SourceConfig
+from ..config import CacheConfig, FetchConfig, SourceConfig, default_cache_dir
 from ..errors import CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
 from ..manifest import Manifest
 from .ahead import MadeAhead
@@ -129,8 +129,8 @@ class TokenIterator:
         # Written through the page cache: this process reads each blob moments after staging it, from
         # memory then, and its maps read a file the writes brought in faster than one brought in by
         # their own faults. (The CLI, the daemon and the mount write past the page cache.)
-        self.cache_config = CacheConfig(directory=Path(cache_dir or DEFAULT_CACHE_DIR), capacity=capacity,
-                                        direct_writes=False)
+        directory = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache_config = CacheConfig(directory=directory, capacity=capacity, direct_writes=False)
         self.fetch_config = fetch or FetchConfig()
         self.sample_spec = SampleSpec(seq_len, with_labels)
         self.order_spec = OrderSpec(seed, shuffle, shuffle_window)

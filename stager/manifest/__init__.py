@@ -11,7 +11,7 @@ one, never half of one.
 
 from __future__ import annotations
 
-from ..errors import ManifestError, ShardNotFound
+from ..errors import ManifestError, OriginError, ShardNotFound
 from .model import FORMAT_VERSION, SCHEMA, Manifest, ShardEntry
 from .parquet import decode_manifest, encode_manifest
 
@@ -30,6 +30,10 @@ async def load_manifest(store) -> Manifest:  # store: stager.store.Store
         data = await store.read(MANIFEST_PATH)
     except ShardNotFound as exc:
         raise ManifestError(f"{name}: no manifest (run `stager index {store.url}` first)") from exc
+    except OriginError as exc:  # a refusal or an origin that is down: say which URL, and where it was asked
+        from ..store.translate import relocated
+
+        raise relocated(exc, MANIFEST_PATH, name, store.endpoint) from exc
     return decode_manifest(data, name)
 
 

@@ -38,7 +38,7 @@ from ..errors import (
     ManifestError,
     OriginChanged,
     ShardNotFound,
-    StagerError,
+    first_error,
 )
 from ..manifest import MANIFEST_PATH, Manifest, ShardEntry, decode_manifest
 from ..manifest.build import IndexConfig
@@ -273,7 +273,7 @@ class Replicator:
                         await slots.acquire()  # a bounded number of tasks alive, whatever the plan's size
                         tg.create_task(one(item))
         except BaseExceptionGroup as group:
-            raise _first_error(group) from None
+            raise first_error(group) from None
 
     async def _reindexed_item(self, src: Store, item: PlanItem) -> PlanItem | None:
         """``item`` hashed again at the source, or None if its digest came out the same."""
@@ -300,7 +300,7 @@ class Replicator:
                     for path in batch:
                         tg.create_task(one(path))
             except BaseExceptionGroup as group:
-                raise _first_error(group) from None
+                raise first_error(group) from None
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -387,11 +387,3 @@ async def _pages(store: Store) -> AsyncIterator[list[ObjectInfo]]:
             yield page
     except ShardNotFound:
         return
-
-
-def _first_error(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        stager = [e for e in exc.exceptions if isinstance(e, StagerError)]
-        exc = (stager or list(exc.exceptions))[0]
-    return exc

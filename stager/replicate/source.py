@@ -28,7 +28,7 @@ from pathlib import Path
 
 import xxhash
 
-from ..errors import CorruptData, ManifestError, ShardNotFound
+from ..errors import CorruptData, ManifestError, OriginError, ShardNotFound, first_error
 from ..manifest import (
     MANIFEST_DIR,
     MANIFEST_PATH,
@@ -40,6 +40,7 @@ from ..manifest import (
 from ..manifest.build import IndexConfig, build_manifest, token_info
 from ..manifest.object_hash import hash_object
 from ..store import Store, UnsupportedOperation
+from ..store.translate import relocated
 
 #: Reads of a manifest at most, until two of them agree.
 MANIFEST_READS = 8
@@ -81,6 +82,8 @@ async def read_manifest_bytes(store: Store) -> bytes | None:
             data = await store.read(MANIFEST_PATH)
         except ShardNotFound:
             return None
+        except OriginError as exc:  # say which URL, and where it was asked
+            raise relocated(exc, MANIFEST_PATH, f"{store.url.rstrip('/')}/{MANIFEST_PATH}", store.endpoint) from exc
         digest = xxhash.xxh3_128_digest(data)
         if digest in seen:
             return data
@@ -127,7 +130,7 @@ async def source_manifest(
     try:
         manifest = await build_manifest(src, index or IndexConfig(), on_listed=on_listed, on_bytes=on_bytes)
     except BaseExceptionGroup as group:  # the indexer's task group: report its first error
-        raise _first_leaf(group) from None
+        raise first_error(group) from None
     data = encode_manifest(manifest)
     await asyncio.to_thread(_keep_index, cached, data)
     return SourceManifest(manifest, data, indexed=True, kept=cached)
@@ -193,10 +196,3 @@ async def listing_fingerprint(store: Store) -> str:
             total = (total + xxhash.xxh3_64_intdigest(f"{obj.path}\0{obj.size}\0{obj.mtime}".encode())) % (1 << 64)
             count += 1
     return f"{count:x}-{total:016x}"
-
-
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc

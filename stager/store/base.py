@@ -183,6 +183,11 @@ class Store(abc.ABC):
     """An origin rooted at :attr:`url`. See the package docstring for the contract."""
 
     @property
+    def endpoint(self) -> str | None:
+        """Where requests go when :attr:`url` does not say (an S3 endpoint), for messages; None if it does."""
+        return None
+
+    @property
     @abc.abstractmethod
     def url(self) -> str:
         """The root URL (``file:///abs/dir``, ``s3://bucket/prefix``, ``https://host/dir``)."""

@@ -90,6 +90,14 @@ class S3Store(FsspecStore):
         self._connect_lock = asyncio.Lock()
         self._models_loaded = False
 
+    @property
+    def endpoint(self) -> str:
+        """The S3 endpoint as the options or the ``AWS_ENDPOINT_URL*`` variables give it (AWS's own otherwise)."""
+        options = self._options
+        endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url") \
+            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return str(endpoint) if endpoint else "AWS's default endpoint"
+
     def _filesystem_class(self) -> type:
         try:
             from s3fs import S3FileSystem
