@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from ..errors import CorruptData, ManifestError, ShardNotFound
+from ..errors import CorruptData, ManifestError, OriginUnavailable, ShardNotFound
 from .model import Manifest
 from .parquet import parse_manifest
 from .paths import MANIFEST_PATH
@@ -71,6 +71,12 @@ async def load_manifest_data(store, *, missing_ok: bool = False) -> LoadedManife
                 if await _size_changed(store, size):
                     continue  # rewritten meanwhile: read the new one
                 raise ManifestError(reading.failure()) from exc
+            except OriginUnavailable as exc:
+                if not reading.problem:
+                    raise
+                # The budget ran out on a timeout or a reset after bodies that failed the check:
+                # the manifest is what the user must hear of.
+                raise ManifestError(reading.failure(exc)) from exc
             except InvalidRange:  # shorter than ``info`` said: rewritten meanwhile?
                 if await _size_changed(store, size):
                     continue
@@ -126,7 +132,12 @@ class _Reading:
             self.problem = str(exc)
             raise CorruptData(self.problem) from exc
 
-    def failure(self) -> str:
-        """The one line for a manifest that never checked out."""
+    def failure(self, last: BaseException | None = None) -> str:
+        """The one line for a manifest that never checked out (``last``: the error the budget ended on, if not that)."""
         problem = self.problem or f"{self.name}: the manifest could not be read intact"
+        if last is not None:
+            return f"{problem}; no read of it checked out within the retry budget (last error: {last})"
         return f"{problem}; still so after {self.attempts} read(s): the manifest on the origin is damaged"
+
+    def __repr__(self) -> str:
+        return f"_Reading({self.name!r}, attempts={self.attempts})"
