@@ -81,7 +81,10 @@ def parse_manifest(data: bytes | memoryview, name: str, *, sealed: bool) -> Mani
     if version == FORMAT_VERSION and not sealed:
         # The third marker: a sealed manifest whose two digest markers were both lost.
         raise ManifestError(f"{name}: a version {version} manifest without its digest (corrupt manifest)")
-    if version not in (FORMAT_VERSION, LEGACY_FORMAT_VERSION) or (version == LEGACY_FORMAT_VERSION and sealed):
+    if version == LEGACY_FORMAT_VERSION and sealed:
+        raise ManifestError(f"{name}: a version {version} manifest with a digest: no stager writes that "
+                            f"(only version {FORMAT_VERSION} manifests carry one)")
+    if version not in (FORMAT_VERSION, LEGACY_FORMAT_VERSION):
         raise ManifestError(f"{name}: manifest format version {version} is not supported "
                             f"(this stager reads versions {LEGACY_FORMAT_VERSION} and {FORMAT_VERSION})")
     names = pf.schema_arrow.names

@@ -135,7 +135,7 @@ def test_a_legacy_version_with_a_digest_is_refused():
                                              DIGEST_KEY: UNSEALED_VALUE})
     sink = io.BytesIO()
     pq.write_table(table, sink)
-    with pytest.raises(ManifestError, match="version 1 is not supported"):
+    with pytest.raises(ManifestError, match="a version 1 manifest with a digest"):
         decode_manifest(seal(sink.getvalue()), "m.parquet")
 
 
