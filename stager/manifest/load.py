@@ -58,7 +58,8 @@ async def load_manifest_data(store, *, missing_ok: bool = False) -> LoadedManife
     Raises:
         ManifestError, OriginError: as :func:`load_manifest`.
     """
-    from ..store.base import InvalidRange  # the store package is loaded already: ``store`` is one of its
+    # Imported here: decoding a manifest (the shard writer, replication's cached index) needs no store.
+    from ..store.base import InvalidRange
 
     name = f"{store.url.rstrip('/')}/{MANIFEST_PATH}"
     for _ in range(SIZE_ROUNDS):
