@@ -125,3 +125,36 @@ def test_a_local_manifest_file_is_verified_too(tmp_path):
     path.write_bytes(flipped(path.read_bytes(), 40))
     with pytest.raises(ManifestError, match=f"^{path}: digest mismatch"):
         read_manifest_file(str(path))
+
+
+@pytest.mark.parametrize("grows", [True, False])
+def test_a_manifest_rewritten_between_its_size_and_its_read_is_read_again_whole(tmp_path, grows):
+    from stager.manifest import encode_manifest
+    from stager.store import LocalStore
+
+    old = write_counting_corpus(tmp_path, [100, 200, 300], block_size=4096)
+    new = write_counting_corpus(tmp_path / "other", [100, 200, 300, 400, 500] if grows else [100], block_size=4096)
+    new_bytes = encode_manifest(new)
+
+    class RewrittenAfterInfo(LocalStore):
+        """The manifest is replaced (atomically, as stager writes it) just after the first size is taken."""
+
+        swapped = False
+
+        async def info(self, path):
+            result = await super().info(path)
+            if not self.swapped:
+                self.swapped = True
+                await self.write(MANIFEST_PATH, new_bytes)
+            return result
+
+    async def run():
+        store = RewrittenAfterInfo(str(tmp_path), retry=FAST)
+        try:
+            return await load_manifest_data(store)
+        finally:
+            await store.close()
+
+    loaded = asyncio.run(run())
+    assert loaded.data == new_bytes and loaded.manifest.table.equals(new.table)
+    assert not loaded.manifest.table.equals(old.table)
