@@ -121,7 +121,7 @@ def test_a_two_rank_epoch_resumed_in_new_processes_then_at_three_ranks_sees_ever
 
 def test_mount_and_read_every_file_through_a_corrupting_origin(origin, tmp_path):
     pytest.importorskip("pyfuse3")
-    from fuse import check_fuse
+    from stager.fuse import check_fuse
     from tests.fuse.mounts import Mount
 
     check_fuse()
