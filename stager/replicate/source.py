@@ -32,9 +32,11 @@ from ..errors import CorruptData, ManifestError, OriginError, ShardNotFound, fir
 from ..manifest import (
     MANIFEST_DIR,
     MANIFEST_PATH,
+    LoadedManifest,
     Manifest,
     ShardEntry,
     decode_manifest,
+    load_manifest_data,
     encode_manifest,
 )
 from ..manifest.build import IndexConfig, build_manifest, token_info
@@ -42,7 +44,7 @@ from ..manifest.object_hash import hash_object
 from ..store import Store, UnsupportedOperation
 from ..store.translate import relocated
 
-#: Reads of a manifest at most, until two of them agree.
+#: Reads of a legacy manifest (no digest of its own) at most, until two of them agree.
 MANIFEST_READS = 8
 
 
@@ -65,31 +67,54 @@ def run_id_of(data: bytes) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
-async def read_manifest_bytes(store: Store) -> bytes | None:
-    """The raw manifest of ``store``, or None if it has none.
+async def read_source_manifest(store: Store) -> LoadedManifest | None:
+    """The manifest of ``store`` with its bytes, verified; None if it has none.
 
-    The manifest is what every byte is checked against, but nothing checks the
-    manifest itself on the way: it is read until two reads agree, so a body
-    corrupted in transit is not taken for the dataset's truth.
+    The manifest is what every byte is checked against. A sealed one checks
+    itself: it is read until it matches its own digest, inside the store's
+    retry loop. A legacy one carries no digest, so it is read until two reads
+    agree, so that a body corrupted in transit is not taken for the dataset's truth.
 
     Raises:
-        ManifestError: no two reads agreed.
+        ManifestError: still corrupt after the retry budget, or no two reads of a legacy one agreed.
         OriginError: reading failed beyond the retry budget.
     """
-    seen: set[bytes] = set()
-    for _ in range(MANIFEST_READS):
+    loaded = await load_manifest_data(store, missing_ok=True)
+    if loaded is None or loaded.sealed:
+        return loaded
+    seen = {xxhash.xxh3_128_digest(loaded.data)}
+    for _ in range(MANIFEST_READS - 1):
+        loaded = await load_manifest_data(store, missing_ok=True)
+        if loaded is None:
+            return None
+        digest = xxhash.xxh3_128_digest(loaded.data)
+        if digest in seen:
+            return loaded
+        seen.add(digest)
+    raise ManifestError(f"{store.url.rstrip('/')}/{MANIFEST_PATH}: {MANIFEST_READS} reads of this legacy manifest "
+                        "(no digest of its own) gave different bytes; the origin is corrupting bodies or the "
+                        "manifest is being rewritten")
+
+
+async def read_manifest_bytes(store: Store) -> bytes | None:
+    """The raw manifest of a destination, or None if it has none.
+
+    Verified as :func:`read_source_manifest` does; one that never checks out is
+    returned as read (the caller treats it as unreadable: it is replaced at the end).
+
+    Raises:
+        OriginError: reading failed beyond the retry budget.
+    """
+    try:
+        loaded = await read_source_manifest(store)
+    except ManifestError:
         try:
-            data = await store.read(MANIFEST_PATH)
+            return await store.read(MANIFEST_PATH)
         except ShardNotFound:
             return None
         except OriginError as exc:  # say which URL, and where it was asked
             raise relocated(exc, MANIFEST_PATH, f"{store.url.rstrip('/')}/{MANIFEST_PATH}", store.endpoint) from exc
-        digest = xxhash.xxh3_128_digest(data)
-        if digest in seen:
-            return data
-        seen.add(digest)
-    raise ManifestError(f"{store.url.rstrip('/')}/{MANIFEST_PATH}: {MANIFEST_READS} reads gave different bytes; "
-                        "the origin is corrupting bodies or the manifest is being rewritten")
+    return None if loaded is None else loaded.data
 
 
 async def source_manifest(
@@ -109,9 +134,9 @@ async def source_manifest(
         OriginError: reading or listing the source failed.
     """
     name = f"{src.url.rstrip('/')}/{MANIFEST_PATH}"
-    data = await read_manifest_bytes(src)
-    if data is not None:
-        return SourceManifest(decode_manifest(data, name), data, indexed=False)
+    loaded = await read_source_manifest(src)
+    if loaded is not None:
+        return SourceManifest(loaded.manifest, loaded.data, indexed=False)
     if not allow_index:
         raise ManifestError(f"{name}: no manifest; run `stager index {src.url}` first "
                             "(every shard must plan from the same manifest)")

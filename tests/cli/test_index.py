@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from stager.manifest import MANIFEST_PATH, read_manifest_file
+from stager.manifest.seal import seal
 from stager.write import encode_shard
 from stager.testing.fault_plan import FaultPlan
 
@@ -116,17 +117,21 @@ def write_bad_manifest(root, kind, capsys):
 
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema).replace_schema_metadata(meta), buf)
-    path.write_bytes(buf.getvalue())
+    # Sealed again (the metadata kept the digest entry, as written before sealing): bad entries
+    # under a good digest, as a buggy or hostile writer would leave them.
+    path.write_bytes(seal(buf.getvalue()))
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
 def test_bad_manifests_give_one_clear_line_and_non_zero_exit(kind, tmp_path, capsys):
     write_bad_manifest(tmp_path / "ds", kind, capsys)
     name = str(tmp_path / "ds" / MANIFEST_PATH)
-    result = run_here(["index", "--check", str(tmp_path / "ds")], capsys)
+    # A short retry budget: a manifest that does not parse is read again (it may have been cut in transit).
+    result = run_here(["index", "--check", str(tmp_path / "ds"), "--retry-deadline", "1"], capsys)
     assert_one_line_error(result, name, BAD[kind])
     # and every command that loads it refuses it the same way
-    staged = run_here(["stage", str(tmp_path / "ds"), "--cache", str(tmp_path / "cache"), "--capacity", "100MB"], capsys)
+    staged = run_here(["stage", str(tmp_path / "ds"), "--cache", str(tmp_path / "cache"), "--capacity", "100MB",
+                       "--retry-deadline", "1"], capsys)
     assert_one_line_error(staged, BAD[kind])
 
 
