@@ -17,7 +17,8 @@ the standard library can still catch it (``except FileNotFoundError``)::
     │       └── OriginChanged                   the origin keeps serving other bytes than the manifest says
     ├── CacheError (OSError)                the node-local cache tier
     │   ├── CacheFull                       no room even after eviction, or ENOSPC
-    │   └── BlobTooLarge                    a blob larger than the whole capacity
+    │   ├── BlobTooLarge                    a blob larger than the whole capacity
+    │   └── CacheCorrupt                    bytes on the cache disk that no longer match their digest
     └── DaemonError (ConnectionError)       the node daemon's socket or API
 
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
@@ -84,6 +85,19 @@ class BlobTooLarge(CacheError):
     """A blob is larger than the whole cache capacity; refused up front."""
 
 
+class CacheCorrupt(CacheError):
+    """Bytes read back from the cache disk do not match their digest (rotted since they were verified).
+
+    The bad blob (or its bad blocks) has been dropped from the cache when this
+    is raised; fetching it again brings good bytes. ``blocks`` names the bad
+    blocks (empty: the whole file is bad, or it is not known which block).
+    """
+
+    def __init__(self, message: str, blocks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.blocks = blocks
+
+
 class DaemonError(StagerError, ConnectionError):
     """The node daemon cannot be reached, or its API answered with an error."""
 
@@ -91,6 +105,7 @@ class DaemonError(StagerError, ConnectionError):
 __all__ = [
     "AccessDenied",
     "BlobTooLarge",
+    "CacheCorrupt",
     "CacheError",
     "CacheFull",
     "ConfigError",

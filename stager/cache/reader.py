@@ -1,0 +1,222 @@
+"""Reading bytes back from cache files, checked against their digests before anyone is served them.
+
+The cache does not trust its own disk. Bytes were verified when they arrived,
+but a disk (or a person, or a bug elsewhere) can change them later; a file
+under ``blobs/`` proves that its bytes *were* right, not that they still are.
+So every reader of a cache file goes through this module, which hashes what
+it reads before handing it out:
+
+- a commit re-hashes the whole partial file (xxh3-128, the blob's own digest)
+  before the rename into ``blobs/`` (:func:`file_digest`, used by the tier);
+- the iterator maps a whole shard and hashes the map before any sample is
+  cut from it (:meth:`VerifiedReads.map_blob`): the hash pass is also the
+  pass that faults the pages in, which the samples would otherwise pay;
+- the mount hashes each block (xxh3-64, the manifest's block digest) the
+  first time the kernel asks for it (:meth:`VerifiedReads.check_block`).
+
+"First time" is per process and per file: a :class:`VerifiedReads` keeps the
+identities (device, inode) of the files, and for the mount the blocks, this
+process already checked, so re-maps and re-reads do not hash again. A file
+that is dropped and fetched again is a new inode, checked anew. The policy is
+``CacheConfig.verify_reads``: ``"first"`` (the default) as above, ``"off"``
+trusts the disk (the commit check stays). A mismatch raises
+:class:`~stager.errors.CacheCorrupt`; the caller drops the bad blob or blocks
+through :meth:`CacheTier.drop_corrupt` and has them fetched again, or fails
+the read: a wrong byte is never handed out.
+
+xxh3 hashes at several GB/s a core, so checking once per process costs a
+small share of reading the bytes at all (see the README for measured costs).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from pathlib import Path
+
+import xxhash
+
+from ..errors import CacheCorrupt
+from .fileio import os_error, readinto_exact
+
+READ_CHUNK = 16 * 1024 * 1024  # bytes per read (and per hash update) of a whole-file check
+_HASH_CHUNK = 64 * 1024 * 1024  # bytes per hash update over a map (lets other threads run in between)
+
+FileIdentity = tuple[int, int]  # (st_dev, st_ino): one cache file, even after a rename into blobs/
+
+
+def file_digest(fd: int, size: int, *, drop_cache: bool = False) -> str:
+    """The xxh3-128 (hex) of the first ``size`` bytes of the open file ``fd``, read sequentially.
+
+    ``drop_cache`` asks the kernel to drop the pages read, for files written
+    past the page cache (``O_DIRECT``) that nobody will read soon.
+
+    Raises:
+        CacheError: a read error, or the file is shorter than ``size``.
+    """
+    hasher = xxhash.xxh3_128()
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    buf = bytearray(min(size, READ_CHUNK))
+    offset = 0
+    while offset < size:
+        view = memoryview(buf)[: min(READ_CHUNK, size - offset)]
+        readinto_exact(fd, view, offset)
+        hasher.update(view)
+        if drop_cache and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, offset, len(view), os.POSIX_FADV_DONTNEED)
+        offset += len(view)
+    return hasher.hexdigest()
+
+
+def buffer_digest(data: bytes | bytearray | memoryview) -> str:
+    """The xxh3-128 (hex) of a buffer (a memory map: hashed in pieces, so other threads get the GIL)."""
+    view = memoryview(data).cast("B")
+    if len(view) <= _HASH_CHUNK:
+        return xxhash.xxh3_128_hexdigest(view)
+    hasher = xxhash.xxh3_128()
+    for start in range(0, len(view), _HASH_CHUNK):
+        hasher.update(view[start:start + _HASH_CHUNK])
+    return hasher.hexdigest()
+
+
+def prefer_large_pages(mapped: "mmap.mmap | None") -> None:
+    """Let page faults on this map bring the file into the page cache in huge pages.
+
+    The cache may write blobs past the page cache (``O_DIRECT``), so the first
+    reader of a blob brings it in, through this map's page faults. Brought in
+    that way it lands in small pages, and every later process mapping the file
+    slices samples out of it up to 1.5x slower (measured) than out of a file
+    brought in by a read or a write. With ``MADV_HUGEPAGE`` the faults read
+    ahead in 2 MiB pages instead. Where the kernel declines (no transparent
+    huge pages), nothing changes.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if mapped is None or advice is None:
+        return
+    try:
+        mapped.madvise(advice)
+    except (OSError, ValueError):
+        pass
+
+
+class VerifiedReads:
+    """What this process has checked of the cache's files, and the checks themselves. Thread-safe.
+
+    Args:
+        level: ``"first"`` (check each file or block the first time this
+            process reads it) or ``"off"`` (trust the disk).
+    """
+
+    def __init__(self, level: str = "first") -> None:
+        self.enabled = level != "off"
+        self._lock = threading.Lock()
+        self._files: set[FileIdentity] = set()  # whole files checked
+        self._blocks: dict[FileIdentity, set[int]] = {}  # blocks checked, per file
+        self.files_checked = 0  # counters, for stats and tests
+        self.blocks_checked = 0
+        self.bytes_checked = 0
+        self.mismatches = 0
+
+    # -- whole files (the iterator) ------------------------------------------------------------
+
+    def map_blob(self, path: Path, digest: str, size: int) -> tuple[memoryview | bytes, FileIdentity]:
+        """A read-only map of the complete blob file at ``path``, checked against ``digest`` unless this
+        process already checked that file; and the file's identity.
+
+        Raises:
+            FileNotFoundError: the file is gone (evicted or dropped meanwhile).
+            CacheCorrupt: the file is not ``size`` bytes, or its bytes do not hash to ``digest``.
+            CacheError: another I/O error.
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise os_error(exc, f"opening blob {digest}") from exc
+        try:
+            st = os.fstat(fd)
+            identity = (st.st_dev, st.st_ino)
+            if st.st_size != size:
+                self._mismatch()
+                raise CacheCorrupt(f"blob {digest} in the cache is {st.st_size} bytes, not {size}")
+            if size == 0:
+                return b"", identity
+            try:
+                mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            except OSError as exc:
+                raise os_error(exc, f"mapping blob {digest}") from exc
+        finally:
+            os.close(fd)  # the map keeps the file
+        prefer_large_pages(mapped)
+        view = memoryview(mapped)
+        if self.enabled and not self.file_checked(identity):
+            if buffer_digest(view) != digest:
+                self._mismatch()
+                view.release()
+                mapped.close()
+                raise CacheCorrupt(f"blob {digest} changed on the cache disk since it was verified "
+                                   f"(its bytes no longer hash to its digest)")
+            with self._lock:
+                self._files.add(identity)
+                self.files_checked += 1
+                self.bytes_checked += size
+        return view, identity
+
+    def file_checked(self, identity: FileIdentity) -> bool:
+        """Whether this process already checked the whole file."""
+        with self._lock:
+            return identity in self._files
+
+    # -- blocks (the mount) --------------------------------------------------------------------
+
+    def block_checked(self, identity: FileIdentity, index: int) -> bool:
+        """Whether block ``index`` of the file (or the whole file) was checked by this process."""
+        if not self.enabled:
+            return True
+        with self._lock:
+            if identity in self._files:
+                return True
+            blocks = self._blocks.get(identity)
+            return blocks is not None and index in blocks
+
+    def check_block(self, identity: FileIdentity, index: int, data: bytes | bytearray | memoryview,
+                    expected: int, block_count: int) -> bool:
+        """Hash ``data`` (all of block ``index``, read from the file) against the manifest's ``expected``
+        xxh3-64; True and remembered if it matches. Once every one of the file's ``block_count`` blocks
+        is checked, the whole file counts as checked."""
+        if not self.enabled:
+            return True
+        if xxhash.xxh3_64_intdigest(data) != expected:
+            self._mismatch()
+            return False
+        with self._lock:
+            blocks = self._blocks.setdefault(identity, set())
+            blocks.add(index)
+            self.blocks_checked += 1
+            self.bytes_checked += memoryview(data).nbytes
+            if len(blocks) >= block_count:
+                self._files.add(identity)
+                del self._blocks[identity]
+        return True
+
+    def forget(self, identity: FileIdentity, blocks: list[int] | None = None) -> None:
+        """Forget checks of a file (or of some of its blocks), e.g. once it was found bad."""
+        with self._lock:
+            if blocks is None:
+                self._files.discard(identity)
+                self._blocks.pop(identity, None)
+            elif identity in self._blocks:
+                self._blocks[identity].difference_update(blocks)
+
+    def _mismatch(self) -> None:
+        with self._lock:
+            self.mismatches += 1
+
+    def stats(self) -> dict[str, int]:
+        """Files and blocks checked, bytes hashed, mismatches found by this process."""
+        with self._lock:
+            return {"read_checks_files": self.files_checked, "read_checks_blocks": self.blocks_checked,
+                    "read_checks_bytes": self.bytes_checked, "read_checks_failed": self.mismatches}
