@@ -88,14 +88,17 @@ class BlobTooLarge(CacheError):
 class CacheCorrupt(CacheError):
     """Bytes read back from the cache disk do not match their digest (rotted since they were verified).
 
-    The bad blob (or its bad blocks) has been dropped from the cache when this
-    is raised; fetching it again brings good bytes. ``blocks`` names the bad
+    The commit raises it after forgetting the bad blocks; fetching them again
+    brings good bytes. ``blocks`` names the bad
     blocks (empty: the whole file is bad, or it is not known which block).
+    A reader that finds bad bytes raises it with the file's ``identity``
+    before anything is dropped; it drops them through the cache's API.
     """
 
-    def __init__(self, message: str, blocks: tuple[int, ...] = ()) -> None:
+    def __init__(self, message: str, blocks: tuple[int, ...] = (), identity: tuple[int, int] | None = None) -> None:
         super().__init__(message)
         self.blocks = blocks
+        self.identity = identity  # (device, inode) of the bad file, when a reader found it
 
 
 class DaemonError(StagerError, ConnectionError):

@@ -127,7 +127,8 @@ class VerifiedReads:
 
         Raises:
             FileNotFoundError: the file is gone (evicted or dropped meanwhile).
-            CacheCorrupt: the file is not ``size`` bytes, or its bytes do not hash to ``digest``.
+            CacheCorrupt: the file is not ``size`` bytes, or its bytes do not hash to ``digest``
+                (``identity`` set; nothing is dropped here).
             CacheError: another I/O error.
         """
         try:
@@ -141,7 +142,8 @@ class VerifiedReads:
             identity = (st.st_dev, st.st_ino)
             if st.st_size != size:
                 self._mismatch()
-                raise CacheCorrupt(f"blob {digest} in the cache is {st.st_size} bytes, not {size}")
+                raise CacheCorrupt(f"blob {digest} in the cache is {st.st_size} bytes, not {size}",
+                                   identity=identity)
             if size == 0:
                 return b"", identity
             try:
@@ -158,7 +160,7 @@ class VerifiedReads:
                 view.release()
                 mapped.close()
                 raise CacheCorrupt(f"blob {digest} changed on the cache disk since it was verified "
-                                   f"(its bytes no longer hash to its digest)")
+                                   f"(its bytes no longer hash to its digest)", identity=identity)
             with self._lock:
                 self._files.add(identity)
                 self.files_checked += 1

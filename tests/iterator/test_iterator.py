@@ -253,3 +253,45 @@ def test_a_periodic_log_line_reports_the_stats(corpus, tmp_path, caplog):
             list(it)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stager: waited")]
     assert lines and "bytes staged" in lines[-1] and "steps ready ahead" in lines[-1]
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    path.chmod(0o644)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, bytes([os.pread(fd, 1, offset)[0] ^ 0x01]), offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("fmt", ["bin", "npy", "parquet"])
+def test_a_byte_flipped_in_a_staged_blob_on_disk_never_reaches_a_sample(tmp_path, fmt):
+    manifest = write_counting_corpus(tmp_path / "data", LENGTHS, fmt=fmt)
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:  # stages every shard
+        assert sorted(firsts_of(it, 16)) == sorted(expected_firsts(manifest, 16))
+    victim = 5
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=1 << 30)) as cache:
+        blob = cache.complete_path(manifest.digest(victim))
+    origin = (tmp_path / "data" / manifest.paths[victim]).read_bytes()
+    # Inside the shard's first sample's tokens (past the .npy header; anywhere in a parquet page).
+    offset = len(origin) // 2 if fmt == "parquet" else len(origin) - 4 * int(manifest.tokens[victim]) + 4 * 3
+    _flip_byte(blob, offset)
+    assert blob.read_bytes() != origin
+
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:
+        first = firsts_of(it, 16)  # every sample checked against the origin's counting tokens
+        stats = it.stats()
+    assert sorted(first) == sorted(expected_firsts(manifest, 16))
+    assert stats["corrupt_blobs"] == 1 and stats["read_checks_failed"] == 1
+    assert stats["read_checks_files"] == len(manifest)
+    assert blob.read_bytes() == origin  # dropped and fetched again
+
+
+def test_verify_reads_off_trusts_the_disk(tmp_path):
+    manifest = write_counting_corpus(tmp_path / "data", LENGTHS)
+    with iterator(tmp_path / "data", tmp_path / "cache", verify_reads="off") as it:
+        assert sorted(firsts_of(it, 16)) == sorted(expected_firsts(manifest, 16))
+        assert it.stats()["read_checks_files"] == 0
+    with pytest.raises(ConfigError, match="verify_reads"):
+        iterator(tmp_path / "data", tmp_path / "cache", verify_reads="sometimes")
