@@ -109,3 +109,24 @@ def test_stage_killed_then_a_recorded_block_rots_the_next_stage_refetches_it(htt
               if r.method == "GET" and r.status == 206 and manifest.paths[index] in r.path]
     spans = [tuple(int(x) for x in r.removeprefix("bytes=").split("-")) for r in ranges]
     assert any(lo <= start_byte <= hi for lo, hi in spans), (block, spans)
+
+
+async def test_a_block_read_from_a_complete_blob_that_changed_on_disk_is_fetched_again(http_origin, tmp_path):
+    # Engine.read_block is how the daemon serves the mount's and other consumers' single blocks.
+    from stager.config import FetchConfig, SourceConfig
+    from stager.engine import Engine
+
+    root = http_origin.root / "corpus"
+    manifest = make_corpus(root, shards=1)
+    origin = (root / manifest.paths[0]).read_bytes()
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, FetchConfig(concurrency=4, durable=False, hedge=False)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{http_origin.url}/corpus"))
+            ref = dataset.ref(0)
+            path = await engine.ensure(ref)
+            flip_byte(path, 2 * BLOCK + 5)
+            served = len(http_origin.requests)
+            assert await engine.read_block(ref, 2) == origin[2 * BLOCK:3 * BLOCK]
+            assert engine.stats.verify_failures == 1
+            assert len(http_origin.requests) > served  # fetched again, not served from the bad file
+            assert cache.state(ref.digest) is not BlobState.COMPLETE or path.read_bytes() == origin
