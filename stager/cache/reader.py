@@ -17,9 +17,25 @@ it reads before handing it out:
 "First time" is per process and per file: a :class:`VerifiedReads` keeps the
 identities (device, inode) of the files, and for the mount the blocks, this
 process already checked, so re-maps and re-reads do not hash again. A file
-that is dropped and fetched again is a new inode, checked anew. The policy is
-``CacheConfig.verify_reads``: ``"first"`` (the default) as above, ``"off"``
-trusts the disk (the commit check stays). A mismatch raises
+that is dropped and fetched again is a new inode, checked anew.
+
+What is checked is what comes from the *disk*. Re-hashing a shard that is
+already in the page cache, in every new process (each epoch of a job that
+restarts, every benchmark run), would cost as much as reading it: for a warm
+shard, the hash pass was most of the price of mapping it. So the iterator
+skips the hash of a file whose every page is in the page cache (``mincore``)
+and which was not written to since its commit checked it: the commit stamps
+the file's mtime (a fixed nanoseconds field, :func:`stamp_checked`), and any
+write through the file system moves the mtime off the stamp. Those bytes are
+the ones the commit hashed (or, brought in from the disk later, by a reader
+that checked them). Rot on the disk reaches a reader only through a read from
+the disk, which the first map of a non-resident file in each process hashes.
+What stays unchecked: pages evicted and read from the disk again while a
+process that already checked the file keeps it mapped, or by a tool reading
+the cache files directly; ``stager verify`` scrubs those.
+
+The policy is ``CacheConfig.verify_reads``: ``"first"`` (the default) as
+above, ``"off"`` trusts the disk (the commit check stays). A mismatch raises
 :class:`~stager.errors.CacheCorrupt`; the caller drops the bad blob or blocks
 through :meth:`CacheTier.drop_corrupt` and has them fetched again, or fails
 the read: a wrong byte is never handed out.
@@ -30,6 +46,8 @@ small share of reading the bytes at all (see the README for measured costs).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 import threading
@@ -41,6 +59,10 @@ from ..errors import CacheCorrupt
 from .fileio import os_error, readinto_exact
 
 READ_CHUNK = 16 * 1024 * 1024  # bytes per read (and per hash update) of a whole-file check
+#: The nanoseconds of a committed file's mtime, set by the commit once it hashed the whole file. Any
+#: later write sets the mtime to the clock; a file system without nanosecond times cannot keep it (its
+#: files are then always hashed). Not a multiple of a microsecond, so no coarse clock lands on it.
+STAMP_NS = 271_828_183
 _HASH_CHUNK = 64 * 1024 * 1024  # bytes per hash update over a map (lets other threads run in between)
 
 FileIdentity = tuple[int, int]  # (st_dev, st_ino): one cache file, even after a rename into blobs/
@@ -68,6 +90,58 @@ def file_digest(fd: int, size: int, *, drop_cache: bool = False) -> str:
             os.posix_fadvise(fd, offset, len(view), os.POSIX_FADV_DONTNEED)
         offset += len(view)
     return hasher.hexdigest()
+
+
+def stamp_checked(fd: int) -> None:
+    """Stamp a file whose whole bytes were just hashed good: its mtime's nanoseconds become STAMP_NS.
+
+    Best effort: a file system that refuses leaves the file unstamped, and readers then hash it.
+    """
+    try:
+        st = os.fstat(fd)
+        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns // 1_000_000_000 * 1_000_000_000 + STAMP_NS))
+    except OSError:
+        pass
+
+
+def stamp_intact(st: os.stat_result) -> bool:
+    """Whether nothing was written to the file since its commit stamped it."""
+    return st.st_mtime_ns % 1_000_000_000 == STAMP_NS
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()  # read-only after import: the library handle, not state
+
+
+_RESIDENT = bytes(i for i in range(256) if i & 1)  # mincore's vector bytes of a page in memory
+
+
+def fully_resident(fd: int, size: int) -> bool:
+    """Whether every page of the file's first ``size`` bytes is in the page cache (mincore(2) on a
+    private map, which faults nothing in); False where that cannot be asked."""
+    if _LIBC is None or size == 0:
+        return False
+    try:
+        mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    except OSError:
+        return False
+    try:
+        vec = (ctypes.c_ubyte * (-(-size // mmap.PAGESIZE)))()
+        anchor = ctypes.c_char.from_buffer(mapped)
+        try:
+            if _LIBC.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vec) != 0:
+                return False
+        finally:
+            del anchor  # a map cannot close while a ctypes view of it lives
+        return not bytes(vec).translate(None, _RESIDENT)
+    finally:
+        mapped.close()
 
 
 def buffer_digest(data: bytes | bytearray | memoryview) -> str:
@@ -115,6 +189,7 @@ class VerifiedReads:
         self._files: set[FileIdentity] = set()  # whole files checked
         self._blocks: dict[FileIdentity, set[int]] = {}  # blocks checked, per file
         self.files_checked = 0  # counters, for stats and tests
+        self.files_resident = 0  # files taken unhashed: all in the page cache, unchanged since their commit
         self.blocks_checked = 0
         self.bytes_checked = 0
         self.mismatches = 0
@@ -123,7 +198,8 @@ class VerifiedReads:
 
     def map_blob(self, path: Path, digest: str, size: int) -> tuple[memoryview | bytes, FileIdentity]:
         """A read-only map of the complete blob file at ``path``, checked against ``digest`` unless this
-        process already checked that file; and the file's identity.
+        process already checked that file, or the file is all in the page cache and unchanged since its
+        commit checked it (see the module docstring); and the file's identity.
 
         Raises:
             FileNotFoundError: the file is gone (evicted or dropped meanwhile).
@@ -146,6 +222,9 @@ class VerifiedReads:
                                    identity=identity)
             if size == 0:
                 return b"", identity
+            checking = self.enabled and not self.file_checked(identity)
+            # In the page cache, as the commit checked it: nothing of it would come from the disk.
+            resident = checking and stamp_intact(st) and fully_resident(fd, size)
             try:
                 mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             except OSError as exc:
@@ -154,7 +233,11 @@ class VerifiedReads:
             os.close(fd)  # the map keeps the file
         prefer_large_pages(mapped)
         view = memoryview(mapped)
-        if self.enabled and not self.file_checked(identity):
+        if resident:
+            with self._lock:
+                self._files.add(identity)
+                self.files_resident += 1
+        elif checking:
             if buffer_digest(view) != digest:
                 self._mismatch()
                 view.release()
@@ -220,5 +303,6 @@ class VerifiedReads:
     def stats(self) -> dict[str, int]:
         """Files and blocks checked, bytes hashed, mismatches found by this process."""
         with self._lock:
-            return {"read_checks_files": self.files_checked, "read_checks_blocks": self.blocks_checked,
+            return {"read_checks_files": self.files_checked, "read_checks_resident": self.files_resident,
+                    "read_checks_blocks": self.blocks_checked,
                     "read_checks_bytes": self.bytes_checked, "read_checks_failed": self.mismatches}

@@ -31,7 +31,7 @@ from .liveness import ProcessIdentity, boot_id, current_process, is_alive
 from .locks import BlobLock, LockTable, sweep_lock_files
 from .partial import PartialBlob
 from .reconcile import ReconcileReport, disk_charge, reconcile, repair_partial
-from .reader import file_digest
+from .reader import file_digest, stamp_checked
 from .records import BlobRecord, BlobState, CacheUsage, DatasetSummary, VerifyReport
 from .verify import check_blocks, scrub
 
@@ -359,6 +359,7 @@ class CacheTier:
                 raise
             raise os_error(exc, f"re-reading blob {digest} before its commit") from exc
         if actual == digest:
+            stamp_checked(fd)  # readers may take its pages in the page cache as they are (see reader.py)
             return
         row = self._index.get(digest)
         if row is None or row.gen != gen:

@@ -284,7 +284,7 @@ def test_a_byte_flipped_in_a_staged_blob_on_disk_never_reaches_a_sample(tmp_path
         stats = it.stats()
     assert sorted(first) == sorted(expected_firsts(manifest, 16))
     assert stats["corrupt_blobs"] == 1 and stats["read_checks_failed"] == 1
-    assert stats["read_checks_files"] == len(manifest)
+    assert stats["read_checks_files"] + stats["read_checks_resident"] == len(manifest)  # each taken once
     assert blob.read_bytes() == origin  # dropped and fetched again
 
 
@@ -292,6 +292,35 @@ def test_verify_reads_off_trusts_the_disk(tmp_path):
     manifest = write_counting_corpus(tmp_path / "data", LENGTHS)
     with iterator(tmp_path / "data", tmp_path / "cache", verify_reads="off") as it:
         assert sorted(firsts_of(it, 16)) == sorted(expected_firsts(manifest, 16))
-        assert it.stats()["read_checks_files"] == 0
+        assert it.stats()["read_checks_files"] == it.stats()["read_checks_resident"] == 0
     with pytest.raises(ConfigError, match="verify_reads"):
         iterator(tmp_path / "data", tmp_path / "cache", verify_reads="sometimes")
+
+
+def test_rot_under_an_unchanged_mtime_is_caught_once_the_pages_come_from_the_disk(tmp_path):
+    # Disk rot changes the bytes on the medium, not the file's metadata, and reaches a reader only
+    # through a read from the disk: flip a byte, put the mtime back, drop the file's pages.
+    manifest = write_counting_corpus(tmp_path / "data", LENGTHS)
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:
+        assert sorted(firsts_of(it, 16)) == sorted(expected_firsts(manifest, 16))
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:  # warm: in the page cache, as committed
+        firsts_of(it, 16)
+        warm = it.stats()
+    assert warm["read_checks_resident"] == len(manifest) and warm["read_checks_files"] == 0
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=1 << 30)) as cache:
+        blob = cache.complete_path(manifest.digest(7))
+    origin = (tmp_path / "data" / manifest.paths[7]).read_bytes()
+    st = blob.stat()
+    _flip_byte(blob, 4 * 2)
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fd = os.open(blob, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:
+        first = firsts_of(it, 16)
+        stats = it.stats()
+    assert sorted(first) == sorted(expected_firsts(manifest, 16))
+    assert stats["corrupt_blobs"] == 1 and stats["read_checks_failed"] == 1
+    assert blob.read_bytes() == origin
