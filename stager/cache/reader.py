@@ -55,10 +55,9 @@ from pathlib import Path
 
 import xxhash
 
-from ..errors import CacheCorrupt
-from .fileio import os_error, readinto_exact
+from ..errors import CacheCorrupt, CacheError
+from .fileio import os_error
 
-READ_CHUNK = 16 * 1024 * 1024  # bytes per read (and per hash update) of a whole-file check
 #: The nanoseconds of a committed file's mtime, set by the commit once it hashed the whole file. Any
 #: later write sets the mtime to the clock; a file system without nanosecond times cannot keep it (its
 #: files are then always hashed). Not a multiple of a microsecond, so no coarse clock lands on it.
@@ -69,27 +68,37 @@ FileIdentity = tuple[int, int]  # (st_dev, st_ino): one cache file, even after a
 
 
 def file_digest(fd: int, size: int, *, drop_cache: bool = False) -> str:
-    """The xxh3-128 (hex) of the first ``size`` bytes of the open file ``fd``, read sequentially.
+    """The xxh3-128 (hex) of the first ``size`` bytes of the open file ``fd``.
 
-    ``drop_cache`` asks the kernel to drop the pages read, for files written
-    past the page cache (``O_DIRECT``) that nobody will read soon.
+    Hashed through a read-only map, sequentially: no copy into a buffer, which
+    cost several times the hash itself (measured). ``drop_cache`` then asks the
+    kernel to drop the file's pages, for files written past the page cache
+    (``O_DIRECT``) that nobody will read soon.
 
     Raises:
-        CacheError: a read error, or the file is shorter than ``size``.
+        CacheError: the file cannot be mapped or is shorter than ``size``.
     """
-    hasher = xxhash.xxh3_128()
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-    buf = bytearray(min(size, READ_CHUNK))
-    offset = 0
-    while offset < size:
-        view = memoryview(buf)[: min(READ_CHUNK, size - offset)]
-        readinto_exact(fd, view, offset)
-        hasher.update(view)
-        if drop_cache and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, offset, len(view), os.POSIX_FADV_DONTNEED)
-        offset += len(view)
-    return hasher.hexdigest()
+    if size == 0:
+        return xxhash.xxh3_128_hexdigest(b"")
+    if os.fstat(fd).st_size < size:
+        raise CacheError(f"the file is {os.fstat(fd).st_size} bytes, shorter than its {size} bytes")
+    try:
+        mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise os_error(exc, "mapping a cache file to hash it") from exc
+    try:
+        if hasattr(mmap, "MADV_SEQUENTIAL"):
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+        view = memoryview(mapped)
+        try:
+            digest = buffer_digest(view)
+        finally:
+            view.release()
+    finally:
+        mapped.close()
+    if drop_cache and hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return digest
 
 
 def stamp_checked(fd: int) -> None:
