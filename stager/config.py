@@ -256,6 +256,10 @@ class FetchConfig:
             raise ConfigError(f"hedge factor must be >= 1, got {self.hedge_factor}")
 
 
+#: The levels of ``CacheConfig.verify_reads``.
+VERIFY_READS = ("first", "off")
+
+
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     """The node-local cache tier: a directory and a capacity (bytes, or a share of its disk)."""
@@ -266,9 +270,15 @@ class CacheConfig:
     #: Write staged bytes with O_DIRECT, past the page cache (see stager/cache/direct.py); where the
     #: filesystem refuses, writes go through the page cache whatever this says.
     direct_writes: bool = True
+    #: How much readers trust bytes already on the cache disk (see stager/cache/reader.py): "first"
+    #: hashes each blob (the iterator) or block (the mount) the first time a process reads it, before
+    #: serving it; "off" trusts the disk (every commit still re-hashes the whole file).
+    verify_reads: str = "first"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", Path(self.directory).expanduser())
+        if self.verify_reads not in VERIFY_READS:
+            raise ConfigError(f"verify_reads must be one of {', '.join(VERIFY_READS)}, got {self.verify_reads!r}")
         if self.capacity is not None and self.capacity <= 0:
             raise ConfigError(f"cache capacity must be > 0, got {self.capacity}")
         if self.capacity is None and self.capacity_share is None:

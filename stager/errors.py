@@ -17,7 +17,8 @@ the standard library can still catch it (``except FileNotFoundError``)::
     │       └── OriginChanged                   the origin keeps serving other bytes than the manifest says
     ├── CacheError (OSError)                the node-local cache tier
     │   ├── CacheFull                       no room even after eviction, or ENOSPC
-    │   └── BlobTooLarge                    a blob larger than the whole capacity
+    │   ├── BlobTooLarge                    a blob larger than the whole capacity
+    │   └── CacheCorrupt                    bytes on the cache disk that no longer match their digest
     └── DaemonError (ConnectionError)       the node daemon's socket or API
 
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
@@ -89,6 +90,22 @@ class BlobTooLarge(CacheError):
     """A blob is larger than the whole cache capacity; refused up front."""
 
 
+class CacheCorrupt(CacheError):
+    """Bytes read back from the cache disk do not match their digest (rotted since they were verified).
+
+    The commit raises it after forgetting the bad blocks; fetching them again
+    brings good bytes. ``blocks`` names the bad
+    blocks (empty: the whole file is bad, or it is not known which block).
+    A reader that finds bad bytes raises it with the file's ``identity``
+    before anything is dropped; it drops them through the cache's API.
+    """
+
+    def __init__(self, message: str, blocks: tuple[int, ...] = (), identity: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.blocks = blocks
+        self.identity = identity  # (device, inode) of the bad file, when a reader found it
+
+
 class DaemonError(StagerError, ConnectionError):
     """The node daemon cannot be reached, or its API answered with an error."""
 
@@ -133,6 +150,7 @@ def group_message(group: BaseException) -> str | None:
 __all__ = [
     "AccessDenied",
     "BlobTooLarge",
+    "CacheCorrupt",
     "CacheError",
     "CacheFull",
     "ConfigError",

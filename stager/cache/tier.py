@@ -20,7 +20,7 @@ from pathlib import Path
 import xxhash
 
 from ..config import CacheConfig
-from ..errors import BlobTooLarge, CacheError, CacheFull
+from ..errors import BlobTooLarge, CacheCorrupt, CacheError, CacheFull, ManifestError
 from ..hashing import block_count
 from .blob_index import BlobIndex, BlobRow, Candidate, pack_block_digests
 from .direct import DirectWriter, open_direct
@@ -31,8 +31,9 @@ from .liveness import ProcessIdentity, boot_id, current_process, is_alive
 from .locks import BlobLock, LockTable, sweep_lock_files
 from .partial import PartialBlob
 from .reconcile import ReconcileReport, disk_charge, reconcile, repair_partial
+from .reader import file_digest, stamp_checked
 from .records import BlobRecord, BlobState, CacheUsage, DatasetSummary, VerifyReport
-from .verify import scrub
+from .verify import check_blocks, scrub
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +299,7 @@ class CacheTier:
         if missing:
             raise CacheError(f"blob {digest}: cannot commit, {missing} of {handle.block_count} blocks "
                              "are not verified")
+        self._check_before_commit(handle, fd, gen)
         dest = self._layout.complete_path(digest)
         try:
             os.fsync(fd)
@@ -337,6 +339,82 @@ class CacheTier:
                 raise os_error(exc, f"committing blob {digest}") from exc
             raise
         return dest
+
+    def _check_before_commit(self, handle: PartialBlob, fd: int, gen: str) -> None:
+        """Re-hash the whole partial file against the blob's digest: a block recorded as verified may
+        have rotted on the disk since (or been written over). The bad blocks are forgotten, so the
+        next fetch brings them again, and :class:`CacheCorrupt` names them.
+
+        Raises:
+            CacheCorrupt: the file does not hash to the digest (bad blocks forgotten).
+            ManifestError: every block matches its digest but the whole file does not match the
+                blob's: the manifest's digests disagree with each other.
+            CacheError: a read error.
+        """
+        digest = handle.digest
+        try:
+            actual = file_digest(fd, handle.size, drop_cache=handle._direct_fd is not None)
+        except OSError as exc:
+            if isinstance(exc, CacheError):
+                raise
+            raise os_error(exc, f"re-reading blob {digest} before its commit") from exc
+        if actual == digest:
+            stamp_checked(fd)  # readers may take its pages in the page cache as they are (see reader.py)
+            return
+        row = self._index.get(digest)
+        if row is None or row.gen != gen:
+            raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its commit; "
+                             "begin() it again")
+        try:
+            bad, _ = check_blocks(self._layout.partial_path(digest, gen), row.size, row.block_size,
+                                  row.block_digests)
+        except OSError as exc:
+            raise os_error(exc, f"re-reading blob {digest} before its commit") from exc
+        if not bad:
+            raise ManifestError(f"blob {digest}: every block matches the manifest's block digests but the "
+                                "whole file does not match the blob digest; the manifest is inconsistent")
+        self._index.forget_blocks(digest, bad)
+        handle._forget_blocks(bad)
+        log.warning("cache %s: blob %s: %d verified block(s) changed on disk before the commit (%s); "
+                    "they are fetched again", self.directory, digest, len(bad), ", ".join(map(str, bad[:8])))
+        raise CacheCorrupt(f"blob {digest}: block(s) {', '.join(map(str, bad[:8]))} changed on the cache disk "
+                           "after they were verified; not committed, they must be fetched again", tuple(bad))
+
+    def drop_corrupt(self, digest: str, identity: tuple[int, int], blocks: Sequence[int] | None = None) -> bool:
+        """A reader found bytes of the file ``identity`` (device, inode) that do not match their digest:
+        drop the blob (complete) or forget those ``blocks`` (partial), so the engine fetches them again.
+
+        Nothing is dropped if the blob's file is no longer that file (already dropped and fetched
+        again by someone). Returns True if something was dropped.
+
+        Raises:
+            CacheError: an I/O or index error.
+        """
+        check_digest(digest)
+        with self._index.write():
+            row = self._index.get(digest)
+            if row is None:
+                return False
+            if row.state is BlobState.COMPLETE:
+                path = self._layout.complete_path(digest)
+            else:
+                path = self._layout.partial_path(digest, row.gen)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise os_error(exc, f"dropping corrupt blob {digest}") from exc
+            if (st.st_dev, st.st_ino) != tuple(identity):
+                return False
+            if row.state is BlobState.COMPLETE or blocks is None:
+                self._unlink_blob_file(row)
+                self._index.delete_blob(digest)
+            else:
+                self._index.forget_blocks(digest, list(blocks))
+        log.warning("cache %s: blob %s changed on disk after it was verified; dropped, to be fetched again",
+                    self.directory, digest)
+        return True
 
     @staticmethod
     def _restore_writable(fd: int) -> None:

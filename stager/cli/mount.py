@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -34,10 +35,14 @@ from .progress import run_async
                                  "daemon serves --cache.")
 @click.option("--no-daemon", is_flag=True, envvar="STAGER_NO_DAEMON",
               help="Run the engine in the mount's process even when a daemon serves the cache.")
+@click.option("--verify-reads", type=click.Choice(["first", "off"]), default="first", show_default=True,
+              envvar="STAGER_VERIFY_READS",
+              help="Hash each block of a cache file the first time this mount reads it, before serving it "
+                   "(a block changed on disk is fetched again); off: trust the cache disk.")
 def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str | None,
                   capacity: Capacity, concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float,
                   direct_writes: bool, foreground: bool, readahead: int, allow_other: bool, log_file: Path | None,
-                  socket_path: Path | None, no_daemon: bool) -> None:
+                  socket_path: Path | None, no_daemon: bool, verify_reads: str) -> None:
     """Mount SOURCE read-only at MOUNTPOINT, in the dataset's own layout, backed by the verified cache.
 
     Staging goes through the node daemon when one serves --cache (`stager serve`), else through
@@ -50,7 +55,7 @@ def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...]
 
     config = MountConfig(
         source=source_config(source, storage_option), mountpoint=mountpoint,
-        cache=cache_config(cache_dir, capacity, direct_writes),
+        cache=dataclasses.replace(cache_config(cache_dir, capacity, direct_writes), verify_reads=verify_reads),
         fetch=fetch_config(concurrency, bandwidth, no_hedge, retry_deadline),
         readahead=ReadAheadConfig(window_bytes=readahead),
         allow_other=allow_other, session="embedded" if no_daemon else "auto", socket=socket_path)
