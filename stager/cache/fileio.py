@@ -7,7 +7,7 @@ import os
 import sqlite3
 from typing import Sequence
 
-from ..errors import CacheError, CacheFull
+from ..errors import CacheError, DiskFull
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 IOV_MAX = 1024  # buffers per pwritev (the Linux limit)
@@ -74,22 +74,28 @@ def readinto_exact(fd: int, view: memoryview, offset: int) -> None:
 
 
 def os_error(exc: OSError, what: str) -> CacheError:
-    """Translate an OSError met while doing ``what``; ENOSPC/EDQUOT become :class:`CacheFull`."""
+    """Translate an OSError met while doing ``what``; ENOSPC/EDQUOT become :class:`DiskFull`."""
     if exc.errno in _DISK_FULL:
-        err: CacheError = CacheFull(f"{what}: the disk is full ({os.strerror(exc.errno)})")
+        err: CacheError = DiskFull(f"{what}: the disk is full ({os.strerror(exc.errno)})")
     else:
         err = CacheError(f"{what}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""))
     err.errno = exc.errno  # kept for callers; filename and strerror stay unset so str() is the message alone
     return err
 
 
-def sqlite_error(exc: sqlite3.Error, what: str) -> CacheError:
-    """Translate a sqlite3 error met while doing ``what``; SQLITE_FULL becomes :class:`CacheFull`."""
+def is_disk_full(exc: sqlite3.Error) -> bool:
+    """Whether sqlite failed for want of disk space (SQLITE_FULL)."""
     code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
-        err: CacheError = CacheFull(f"{what}: the disk holding the cache index is full")
+    return code is not None and code & 0xFF == sqlite3.SQLITE_FULL
+
+
+def sqlite_error(exc: sqlite3.Error, what: str) -> CacheError:
+    """Translate a sqlite3 error met while doing ``what``; SQLITE_FULL becomes :class:`DiskFull`."""
+    if is_disk_full(exc):
+        err: CacheError = DiskFull(f"{what}: the disk holding the cache index is full")
         err.errno = errno.ENOSPC
         return err
+    code = getattr(exc, "sqlite_errorcode", None)
     if code is not None and code & 0xFF == sqlite3.SQLITE_BUSY:
         return CacheError(f"{what}: the cache index stayed locked by another process for too long")
     return CacheError(f"{what}: cache index error: {exc}")
