@@ -8,6 +8,7 @@ cursor the data is ready; otherwise it reads the cache's index itself.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ from rich.table import Table
 
 from ..cache import CacheTier
 from ..config import CacheConfig
-from ..errors import StagerError
+from ..errors import DiskFull, StagerError
 from . import cli
 from .cache_options import cache_config, cache_flags
 from .progress import run_async, stderr_console
+
+log = logging.getLogger(__name__)
 
 
 def _size(n: int) -> str:
@@ -50,7 +53,7 @@ def status_command(cache_dir: str, capacity: str, as_json: bool, socket_path: st
                  "complete_blobs": c["complete_blobs"], "partial_blobs": c["partial_blobs"]}
         datasets = daemon["datasets"]
     else:
-        cache = CacheTier(config)
+        cache = CacheTier(config, reconcile=False)  # only reads: works on a full disk too
         try:
             u = cache.usage()
             datasets = [{"name": d.name, "blobs": d.blobs, "bytes": d.bytes, "complete": d.complete,
@@ -125,8 +128,12 @@ def verify_command(cache_dir: str, capacity: str, sample: float | None, no_repai
     Dropped blobs are fetched again (and verified) by the next `stager stage` or by the
     consumer that next needs them. Exits 1 when anything failed verification.
     """
-    cache = CacheTier(cache_config(cache_dir, capacity))
+    cache = CacheTier(cache_config(cache_dir, capacity), reconcile=False)
     try:
+        try:
+            cache.reconcile()
+        except DiskFull as exc:  # the scrub only reads: it does not need the repairs
+            log.warning("cache %s: not reconciled before verifying (%s)", cache.directory, exc)
         report = cache.verify(sample=sample, repair=not no_repair)
     finally:
         cache.close()

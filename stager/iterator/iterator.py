@@ -34,7 +34,7 @@ import numpy as np
 
 from ..cache.layout import CacheLayout
 from ..config import DEFAULT_CACHE_DIR, CacheConfig, FetchConfig, SourceConfig
-from ..errors import CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
+from ..errors import CacheError, CacheFull, ConfigError, CorruptData, DiskFull, OriginError, StagerError
 from ..manifest import Manifest
 from .ahead import MadeAhead
 from .deal import Layout, Remainder, Slice
@@ -51,6 +51,7 @@ BLOCK = 8192  # positions mapped per NumPy call while reading
 PLAN_BLOCK = 1 << 20  # positions mapped per call while computing the plan
 AHEAD_LIMIT = 1 << 16  # samples looked at for the "steps ready ahead" figure
 CACHE_FULL_PATIENCE = 60.0  # seconds a consumer waits for room in a full cache before it gives up
+RESERVATION_UNIT = 4096  # the cache charges each blob in whole units of at least this (CacheTier._unit)
 
 
 class TokenIterator:
@@ -171,6 +172,39 @@ class TokenIterator:
         self.wrap_batch: Callable[[np.ndarray], Any] | None = None
         self._last_log = time.monotonic()
         self._cache_layout = CacheLayout(self.cache_config.directory)
+        self._check_capacity()
+
+    def _check_capacity(self) -> None:
+        """Refuse at once a cache too small for two shuffle windows (the one read, the one staged).
+
+        The shards of the window being read are all mapped at once, and they are only safe from
+        eviction while the engine's window ahead of the cursor (at most half the cache) covers them:
+        an evicted file that is still mapped keeps its disk blocks, so a smaller cache would overrun
+        its capacity, then its disk. The window is not shrunk to fit instead: the order must be the
+        same on every rank and node, whatever their caches, so it depends on ``shuffle_window`` alone.
+        The bound is the largest window any epoch can have (its biggest shards), so the answer
+        does not change from one epoch to the next.
+
+        Raises:
+            ConfigError: the capacity is smaller than two of the largest possible windows.
+        """
+        per_window = self.order_spec.shards_per_window
+        sizes = np.asarray(self.manifest.sizes, dtype=np.int64)[self.index.shards]
+        if not len(sizes):
+            return
+        charged = np.sort(-(-sizes // RESERVATION_UNIT) * RESERVATION_UNIT)[::-1]  # as the cache counts them
+        need = 2 * int(charged[:per_window].sum())
+        try:
+            capacity = self.cache_config.capacity_bytes()
+        except OSError:
+            return  # the cache directory says why when it is opened
+        if capacity >= need:
+            return
+        fits = int(np.searchsorted(np.cumsum(charged), capacity // 2, side="right"))
+        hint = f" or shuffle_window={fits}" if fits >= 1 and self.order_spec.shuffle else ""
+        raise ConfigError(f"{self.source.url}: a cache capacity of {capacity:,} bytes is too small for "
+                          f"shuffle_window={self.order_spec.shuffle_window}: two windows of its largest shards "
+                          f"need {need:,} bytes; give capacity={need:,} or more{hint}")
 
     # -- the stream ------------------------------------------------------------------------
 
@@ -403,6 +437,10 @@ class TokenIterator:
             try:
                 path = link.ready(position)
                 break
+            except DiskFull as exc:  # no use waiting: room comes back only when files are deleted
+                if name in str(exc):
+                    raise
+                raise DiskFull(f"{self.source.url}/{name}: cannot be staged: {exc}") from exc
             except CacheFull as exc:
                 # Room comes back as fetches in flight finish and consumed blobs become evictable;
                 # only a cache that stays full (too small for a shuffle window) is an error.
