@@ -208,6 +208,10 @@ class BlobIndex:
             return err
         return sqlite_error(exc, f"{self.path}: cannot open the cache index")
 
+    def _error(self, exc: sqlite3.Error, what: str) -> CacheError:
+        """``exc`` as a CacheError naming the cache directory (an error may reach a user as it is)."""
+        return sqlite_error(exc, f"cache {self.path.parent}: {what}")
+
     def _give_room(self, exc: sqlite3.Error) -> bool:
         """sqlite failed, maybe for want of disk space: release the reserve for it; True if the
         reserve was there to release (then trying once more may succeed)."""
@@ -268,11 +272,11 @@ class BlobIndex:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 if not self._give_room(exc):
-                    raise sqlite_error(exc, "starting a cache index transaction") from exc
+                    raise self._error(exc, "starting a cache index transaction") from exc
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
                 except sqlite3.Error as again:
-                    raise sqlite_error(again, "starting a cache index transaction") from again
+                    raise self._error(again, "starting a cache index transaction") from again
             self._tx_thread = threading.get_ident()
             try:
                 yield
@@ -285,7 +289,7 @@ class BlobIndex:
                 self._commit()
             except sqlite3.Error as exc:
                 self._rollback()
-                raise sqlite_error(exc, "committing a cache index transaction") from exc
+                raise self._error(exc, "committing a cache index transaction") from exc
 
     def _commit(self) -> None:
         try:
@@ -314,11 +318,11 @@ class BlobIndex:
             return statement()
         except sqlite3.Error as exc:
             if self._conn.in_transaction != inside or not self._give_room(exc):
-                raise sqlite_error(exc, what) from exc
+                raise self._error(exc, what) from exc
         try:
             return statement()
         except sqlite3.Error as exc:
-            raise sqlite_error(exc, what) from exc
+            raise self._error(exc, what) from exc
 
     def _reader(self) -> sqlite3.Connection | None:
         """This thread's read connection, or None inside this thread's write transaction
@@ -343,7 +347,7 @@ class BlobIndex:
             with self._lock:
                 return self._conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
-            raise sqlite_error(exc, "reading the cache index") from exc
+            raise self._error(exc, "reading the cache index") from exc
 
     def _one(self, sql: str, params: Sequence = ()) -> tuple | None:
         try:
@@ -353,7 +357,7 @@ class BlobIndex:
             with self._lock:
                 return self._conn.execute(sql, params).fetchone()
         except sqlite3.Error as exc:
-            raise sqlite_error(exc, "reading the cache index") from exc
+            raise self._error(exc, "reading the cache index") from exc
 
     def _many(self, sql: str, rows: Iterable[Sequence]) -> int:
         rows = rows if isinstance(rows, list) else list(rows)  # a retry must see them again

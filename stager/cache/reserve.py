@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from .fileio import allocate
+
 log = logging.getLogger(__name__)
 
 RESERVE_FILE = "index.reserve"
@@ -92,7 +94,9 @@ class IndexReserve:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             try:
-                os.posix_fallocate(fd, 0, self.nbytes)  # allocated blocks, not a sparse file
+                if not allocate(fd, self.nbytes):  # allocated blocks, not a sparse file
+                    os.write(fd, bytes(self.nbytes))
+                os.fsync(fd)
             finally:
                 os.close(fd)
             os.rename(temp, self.path)  # whole or not at all; another process's reserve is as good
@@ -113,5 +117,5 @@ class IndexReserve:
             if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise
             return False
-        log.warning("cache %s: its disk is full; the index took the room kept for it", self.path.parent)
+        log.info("cache %s: its disk is full; the index took the room kept for it", self.path.parent)
         return True

@@ -26,7 +26,7 @@ from ..hashing import block_count
 from .blob_index import BlobIndex, BlobRow, Candidate, pack_block_digests
 from .direct import DirectWriter, open_direct
 from .eviction import Rank, VictimQueue
-from .fileio import os_error
+from .fileio import allocate, os_error
 from .layout import check_digest, check_digests, fsync_dir, make_shard_dir, new_generation, open_layout
 from .liveness import ProcessIdentity, boot_id, current_process, is_alive
 from .locks import BlobLock, LockTable, sweep_lock_files
@@ -264,15 +264,12 @@ class CacheTier:
         disk fails with :class:`DiskFull` instead.
         """
         os.ftruncate(fd, size)
-        if not size:
-            return True
         try:
-            os.posix_fallocate(fd, 0, size)
+            allocate(fd, size)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 return False
-            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
+            raise
         return True
 
     @staticmethod
