@@ -233,7 +233,7 @@ class CacheTier:
                     if resumed is not None:
                         return resumed, 0, False
                 over = self._index.used() + need - self._capacity
-                short = need - self.disk_room()
+                short = need - self.disk_room() if need else 0  # an empty blob needs no room
                 if over > 0 or short > 0:
                     return None, max(over, short), short > 0
                 gen = new_generation()
