@@ -33,6 +33,28 @@ def mounted_tmpfs(mountpoint: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, timeout=10)
 
 
+@contextmanager
+def mounted_ext4(mountpoint: Path, image: Path, size_mb: int) -> Iterator[Path]:
+    """An ext4 file system of ``size_mb`` MiB on a loop device (O_DIRECT works there, unlike tmpfs)."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as fh:
+        fh.truncate(size_mb << 20)
+    try:
+        made = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], capture_output=True, timeout=30)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make an ext4 file system: {made.stderr.decode().strip()}")
+        done = subprocess.run(["mount", "-o", "loop", str(image), str(mountpoint)], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot mount an ext4 loop device: {exc}")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount an ext4 loop device: {done.stderr.decode().strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", str(mountpoint)], capture_output=True, timeout=30)
+        image.unlink(missing_ok=True)
+
+
 def fill_disk(path: Path) -> int:
     """Fill the disk holding ``path`` from another process (a file of zeros written until ENOSPC),
     as another program on the node would; returns the bytes it took."""

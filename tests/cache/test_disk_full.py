@@ -20,7 +20,7 @@ from stager.errors import CacheFull, DiskFull
 
 from ..cli.runner import run
 from .blobs import check_invariants, config, fill, make_blob
-from .small_disk import fill_disk, free_bytes, mounted_tmpfs
+from .small_disk import fill_disk, free_bytes, mounted_ext4, mounted_tmpfs
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -70,14 +70,25 @@ def test_a_blob_larger_than_the_disk_is_refused_at_begin(tiny_disk):
         check_invariants(tier)
 
 
-def test_partial_blobs_take_their_room_on_disk_at_begin(small_disk):
+@pytest.fixture(params=["tmpfs", "ext4"])
+def any_small_disk(request, tmp_path):
+    """8 MiB of tmpfs (buffered writes), or of ext4 on a loop device (O_DIRECT writes)."""
+    if request.param == "tmpfs":
+        with mounted_tmpfs(tmp_path / "small", "8m") as mountpoint:
+            yield mountpoint
+    else:
+        with mounted_ext4(tmp_path / "small", tmp_path / "ext4.img", 8) as mountpoint:
+            yield mountpoint
+
+
+def test_partial_blobs_take_their_room_on_disk_at_begin(any_small_disk):
     """Reserved room is allocated, so the writes of a begun blob never meet a disk another program filled."""
     blob = make_blob(3 * MiB, block_size=256 * KiB, seed=4)
-    with CacheTier(config(small_disk / "cache", 1024 * MiB)) as tier:
+    with CacheTier(config(any_small_disk / "cache", 1024 * MiB)) as tier:
         with tier.begin(blob.digest, blob.size, blob.block_size, blob.blocks) as partial:
             partial.write_block(0, blob.block(0))
-            fill_disk(small_disk / "filler")
-            assert free_bytes(small_disk) < 64 * KiB
+            fill_disk(any_small_disk / "filler")
+            assert free_bytes(any_small_disk) < 64 * KiB
             for i in partial.missing_blocks():
                 partial.write_block(i, blob.block(i))
             partial.commit()
