@@ -360,9 +360,13 @@ class BlobIndex:
             raise self._error(exc, "reading the cache index") from exc
 
     def _many(self, sql: str, rows: Iterable[Sequence]) -> int:
-        rows = rows if isinstance(rows, list) else list(rows)  # a retry must see them again
         with self._lock:
-            return self._with_room(lambda: self._conn.executemany(sql, rows).rowcount, "writing the cache index")
+            if isinstance(rows, (list, tuple)):  # can be run again with the reserve's room
+                return self._with_room(lambda: self._conn.executemany(sql, rows).rowcount, "writing the cache index")
+            try:  # a generator (a million dataset members) is not copied just to be replayable
+                return self._conn.executemany(sql, rows).rowcount
+            except sqlite3.Error as exc:
+                raise self._error(exc, "writing the cache index") from exc
 
     def close(self) -> None:
         with self._readers_lock:

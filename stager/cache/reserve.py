@@ -107,6 +107,24 @@ class IndexReserve:
                 pass
             raise
 
+    def sweep(self) -> int:
+        """Remove half-made reserves left by processes that died making one; returns how many."""
+        if not os.path.exists("/proc/self"):
+            return 0  # no way to tell a dead maker from a live one
+        removed = 0
+        prefix = f".{RESERVE_FILE}."
+        for name in os.listdir(self.path.parent):
+            if not name.startswith(prefix):
+                continue
+            pid = name[len(prefix):].split(".", 1)[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    os.unlink(self.path.parent / name)
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+        return removed
+
     def release(self) -> bool:
         """Give the reserve's room back to the disk (sqlite needs it); True if there was one."""
         try:

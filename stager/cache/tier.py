@@ -120,6 +120,10 @@ class CacheTier:
         """Bring index and disk in line (done at start-up); safe while other processes use the cache."""
         report = reconcile(self._index, self._layout, self._boot)
         report.lock_files_removed = sweep_lock_files(self._layout.locks_dir, self._locks)
+        try:
+            self._reserve.sweep()
+        except OSError as exc:
+            raise os_error(exc, f"{self.directory}: sweeping half-made index reserves") from exc
         report.dead_owners = self._drop_dead_owners()[1]
         return report
 

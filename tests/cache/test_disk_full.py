@@ -148,6 +148,24 @@ def test_status_and_verify_work_on_a_disk_another_program_filled(small_disk):
         check_invariants(tier)
 
 
+def test_reconcile_sweeps_reserves_half_made_by_a_dead_process(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True, timeout=30)
+    cache = tmp_path / "cache"
+    with CacheTier(config(cache, 64 * MiB)):
+        pass
+    left = cache / f".{RESERVE_FILE}.{dead.stdout.strip()}.0badf00d"
+    mine = cache / f".{RESERVE_FILE}.{os.getpid()}.0badf00d"
+    left.write_bytes(bytes(4096))
+    mine.write_bytes(bytes(4096))
+    with CacheTier(config(cache, 64 * MiB)):
+        assert not left.exists() and mine.exists()  # a live maker's file is its own business
+    mine.unlink()
+
+
 def test_injected_enospc_on_write_and_on_sync(tmp_path, monkeypatch):
     blob = make_blob(64 * KiB, seed=3)
     with CacheTier(config(tmp_path / "cache", 1024 * KiB)) as tier:
