@@ -213,7 +213,7 @@ class CacheTier:
             raise DiskFull(f"cache {self.directory}: its disk is full: no room for blob {digest} ({size:,} bytes); "
                            f"the disk has {max(0, self.disk_room()):,} bytes left for blobs, the cache uses "
                            f"{used:,} of the {self._capacity:,} bytes of capacity it was given "
-                           "(free space on that disk, or give a smaller capacity)")
+                           "and nothing more could be evicted: free space on that disk")
         raise CacheFull(f"no room for blob {digest} ({size} bytes) in the cache at {self.directory}: "
                         f"{used} of {self._capacity} bytes are taken by pinned, held or busy blobs")
 
