@@ -170,6 +170,7 @@ class BlobIndex:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
+        self._snapshot = False
         try:
             self._conn = self._open()
         except sqlite3.Error as exc:
@@ -179,6 +180,31 @@ class BlobIndex:
                 self._conn = self._open()
             except sqlite3.Error as again:
                 raise self._open_error(again) from again
+
+    @classmethod
+    def snapshot(cls, path: Path) -> "BlobIndex":
+        """A read-only view of the index as its main file holds it, for a disk too full to open it
+        the usual way (WAL mode must size its ``-shm`` file first). It misses changes still in a
+        ``-wal`` file that no process checkpointed (one killed, or one running now); writes fail.
+
+        Raises:
+            CacheError: the index cannot be read, or has an unknown schema version.
+        """
+        index = cls.__new__(cls)
+        index.path, index._busy_timeout, index._reserve = path, 0.0, None
+        index._lock, index._tx_thread, index._local = threading.RLock(), None, threading.local()
+        index._readers, index._readers_lock, index._snapshot = [], threading.Lock(), True
+        try:
+            index._conn = sqlite3.connect(f"{Path(path).absolute().as_uri()}?immutable=1", uri=True,
+                                          isolation_level=None, check_same_thread=False)
+            version = index._conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc, f"{path}: cannot read the cache index") from exc
+        if version != SCHEMA_VERSION:
+            index._conn.close()
+            raise CacheError(f"{path}: cache index schema version {version} is not supported by this stager "
+                             f"(it knows version {SCHEMA_VERSION})")
+        return index
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
@@ -327,7 +353,7 @@ class BlobIndex:
     def _reader(self) -> sqlite3.Connection | None:
         """This thread's read connection, or None inside this thread's write transaction
         (which must read through the writer to see its own changes)."""
-        if self._tx_thread == threading.get_ident():
+        if self._tx_thread == threading.get_ident() or self._snapshot:
             return None
         conn = getattr(self._local, "conn", None)
         if conn is None:

@@ -141,6 +141,18 @@ def test_status_and_verify_work_on_a_disk_another_program_filled(small_disk):
         verify = run(["verify", "--cache", cache], timeout=60)
         assert verify.returncode == 0, verify.stderr
         assert "verified 4 blobs" in verify.stdout and "0 bad" in verify.stdout
+    # The reserve spent, and its room taken too: status and verify read the index file itself.
+    (small_disk / "cache" / RESERVE_FILE).unlink(missing_ok=True)
+    fill_disk(small_disk / "filler-2")
+    status = run(["status", "--cache", cache, "--json"], timeout=60)
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert (report["complete_blobs"], report["partial_blobs"]) == (3, 1)
+    assert report["used"] == 4 * MiB and report["capacity"] >= report["used"]
+    verify = run(["verify", "--cache", cache], timeout=60)
+    assert verify.returncode == 0, verify.stderr
+    assert "verified 4 blobs" in verify.stdout and "0 bad" in verify.stdout
+    os.unlink(small_disk / "filler-2")
     os.unlink(small_disk / "filler")
     with CacheTier(cfg) as tier:  # nothing verified was lost
         assert tier.record(half.digest).verified == {0, 2}
