@@ -18,6 +18,12 @@ are fetched again) or leaves a state the start-up reconciliation repairs
 (see the package docstring). One writing connection per tier, shared by
 threads under a re-entrant lock, plus a reading connection per thread;
 statements take microseconds, slow I/O happens outside transactions.
+
+On a full disk sqlite cannot open, write or even delete (each needs room in
+the ``-shm`` and ``-wal`` files first): an open, a statement or a commit that
+fails for want of room is tried once more after the cache's reserve file is
+given up for it (``reserve.py``). :meth:`BlobIndex.snapshot` reads the main
+file alone, for the read-only commands, when even that room is gone.
 """
 
 from __future__ import annotations

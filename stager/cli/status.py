@@ -3,6 +3,9 @@
 When a node daemon serves the cache, ``status`` asks it (``/v1/status``), so
 it also shows the daemon, its consumers' plans and how far ahead of each
 cursor the data is ready; otherwise it reads the cache's index itself.
+Both only read, so they work on a full disk: when sqlite cannot even open
+the index there (the room kept for it spent), they read the index file
+alone, and ``verify`` reports what is bad without dropping it.
 """
 
 from __future__ import annotations
