@@ -70,7 +70,8 @@ class TokenIterator:
         drop_last: deal only whole steps of ``world_size * batch_size`` samples per epoch.
         rank, world_size: this process among the data-parallel ranks.
         worker, num_workers: this consumer among the rank's loader workers.
-        cache_dir, capacity: the node-local cache (directory; bytes, default 80% of its disk).
+        cache_dir, capacity: the node-local cache (directory; bytes, default 80% of its disk). It must
+            hold two shuffle windows of the largest shards, or the constructor refuses it.
         fetch: how the engine fetches (concurrency, bandwidth, retries, ...).
         storage_options: fsspec options for ``source`` (endpoint, keys).
         manifest: the dataset's manifest, if already loaded (every consumer must use the same one).
@@ -87,7 +88,7 @@ class TokenIterator:
         socket: the daemon's Unix socket (default: ``STAGER_SOCKET`` or the daemon's default).
 
     Raises:
-        ConfigError: a bad argument.
+        ConfigError: a bad argument, or a capacity smaller than two shuffle windows.
         ManifestError, OriginError: the manifest cannot be loaded.
     """
 
