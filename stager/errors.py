@@ -16,7 +16,8 @@ the standard library can still catch it (``except FileNotFoundError``)::
     │   └── CorruptData (ValueError)            bytes that do not match their digest
     │       └── OriginChanged                   the origin keeps serving other bytes than the manifest says
     ├── CacheError (OSError)                the node-local cache tier
-    │   ├── CacheFull                       no room even after eviction, or ENOSPC
+    │   ├── CacheFull                       no room in the capacity even after eviction
+    │   │   └── DiskFull                    the disk holding the cache has no room (ENOSPC): not waited for
     │   ├── BlobTooLarge                    a blob larger than the whole capacity
     │   └── CacheCorrupt                    bytes on the cache disk that no longer match their digest
     └── DaemonError (ConnectionError)       the node daemon's socket or API
@@ -32,6 +33,8 @@ the CLI's one line).
 """
 
 from __future__ import annotations
+
+import errno as _errno
 
 
 class StagerError(Exception):
@@ -83,7 +86,21 @@ class CacheError(StagerError, OSError):
 
 
 class CacheFull(CacheError):
-    """No room for a blob even after eviction, or the disk is full (ENOSPC)."""
+    """No room for a blob in the capacity even after eviction (see :class:`DiskFull` for ENOSPC)."""
+
+
+class DiskFull(CacheFull):
+    """The disk holding the cache has no room left (ENOSPC), whatever the capacity says.
+
+    Raised at once, never retried until a deadline: room only comes back when
+    something is deleted (by eviction, which has already been tried, or by hand).
+    Its ``errno`` is ENOSPC unless the cause said otherwise (EDQUOT).
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        if self.errno is None:
+            self.errno = _errno.ENOSPC
 
 
 class BlobTooLarge(CacheError):
@@ -156,6 +173,7 @@ __all__ = [
     "ConfigError",
     "CorruptData",
     "DaemonError",
+    "DiskFull",
     "ManifestError",
     "OriginChanged",
     "OriginError",

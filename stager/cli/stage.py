@@ -19,7 +19,7 @@ import numpy as np
 
 from ..cache import BlobState, CacheTier
 from ..config import CacheConfig
-from ..errors import BlobTooLarge, CacheFull, StagerError
+from ..errors import BlobTooLarge, CacheFull, DiskFull, StagerError
 from ..hashing import block_range
 from ..session import EmbeddedSession, RemoteSession, Session, open_session
 from . import cli
@@ -89,6 +89,10 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
                 raise BlobTooLarge(f"{m.paths[big]}: {int(sizes[big]):,} bytes is larger than the cache capacity "
                                    f"{capacity:,}")
             if total > capacity:
+                if capacity < cache.configured_capacity:  # the disk, not the capacity, is short
+                    raise DiskFull(f"{dataset.url}: {total:,} bytes do not fit: the disk holding the cache at "
+                                   f"{cache.directory} has room for {capacity:,} (capacity "
+                                   f"{cache.configured_capacity:,}); stage a part with --limit or free space")
                 raise CacheFull(f"{dataset.url}: {total:,} bytes do not fit in the cache capacity {capacity:,}; "
                                 "stage a part with --limit or raise --capacity")
             cached_of = [_cached_bytes(cache, m, i) for i in range(count)]

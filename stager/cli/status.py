@@ -3,11 +3,15 @@
 When a node daemon serves the cache, ``status`` asks it (``/v1/status``), so
 it also shows the daemon, its consumers' plans and how far ahead of each
 cursor the data is ready; otherwise it reads the cache's index itself.
+Both only read, so they work on a full disk: when sqlite cannot even open
+the index there (the room kept for it spent), they read the index file
+alone, and ``verify`` reports what is bad without dropping it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -15,13 +19,19 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ..cache import CacheTier
+from ..cache import CacheTier, CacheUsage, DatasetSummary, VerifyReport
+from ..cache.blob_index import BlobIndex
+from ..cache.layout import CacheLayout
+from ..cache.reserve import IndexReserve
+from ..cache.verify import scrub
 from ..config import CacheConfig
-from ..errors import StagerError
+from ..errors import DiskFull, StagerError
 from . import cli
 from .cache_options import cache_config, cache_flags
 from .options import SHARE, Capacity
 from .progress import run_async, stderr_console
+
+log = logging.getLogger(__name__)
 
 
 def _size(n: int) -> str:
@@ -51,14 +61,19 @@ def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, soc
                  "complete_blobs": c["complete_blobs"], "partial_blobs": c["partial_blobs"]}
         datasets = daemon["datasets"]
     else:
-        cache = CacheTier(config)
         try:
-            u = cache.usage()
-            datasets = [{"name": d.name, "blobs": d.blobs, "bytes": d.bytes, "complete": d.complete,
-                         "partial": d.partial, "complete_bytes": d.complete_bytes} for d in cache.datasets()]
-        finally:
-            cache.close()
-        directory = str(cache.directory)
+            cache = CacheTier(config, reconcile=False)  # only reads
+        except DiskFull as exc:
+            directory, u, summaries = _read_on_full_disk(config)
+            log.info("%s; read the index file alone", exc)
+        else:
+            try:
+                u, summaries = cache.usage(), cache.datasets()
+            finally:
+                cache.close()
+            directory = str(cache.directory)
+        datasets = [{"name": d.name, "blobs": d.blobs, "bytes": d.bytes, "complete": d.complete,
+                     "partial": d.partial, "complete_bytes": d.complete_bytes} for d in summaries]
         usage = {"capacity": u.capacity, "used": u.used, "free": u.free, "complete_blobs": u.complete,
                  "partial_blobs": u.partial}
     if as_json:
@@ -86,6 +101,38 @@ def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, soc
             plans.add_row(p["consumer"], p["plan"], p["dataset"], f"{p['cursor']:,} / {p['length']:,}",
                           f"{p['ready_steps']:,} shards, {_size(p['ready_bytes'])}")
         stderr_console().print(plans)
+
+
+def _read_on_full_disk(config: CacheConfig) -> tuple[str, CacheUsage, list[DatasetSummary]]:
+    """What the index file says, for a disk so full that sqlite cannot open the index as usual (it
+    would write its ``-shm`` file first) and the room kept for it is spent."""
+    layout = CacheLayout(config.directory)
+    index = BlobIndex.snapshot(layout.index_path)
+    try:
+        used = index.used()
+        complete, partial = index.counts()
+        summaries = index.dataset_summaries()
+    finally:
+        index.close()
+    try:
+        room = IndexReserve(layout.root).disk_room()
+    except OSError:
+        room = 0
+    capacity = min(config.capacity_bytes(), used + max(0, room))
+    return str(layout.root), CacheUsage(used, capacity, complete, partial), summaries
+
+
+def _verify_on_full_disk(config: CacheConfig, sample: float | None) -> VerifyReport:
+    """The scrub, reading the index file alone (see :func:`_read_on_full_disk`); nothing is dropped."""
+    layout = CacheLayout(config.directory)
+    index = BlobIndex.snapshot(layout.index_path)
+    report = VerifyReport(repaired=False)
+    try:
+        for row, check in scrub(index, layout, sample, None):
+            report.add(row.digest, row.state, check)
+    finally:
+        index.close()
+    return report
 
 
 def _daemon_status(config: CacheConfig, socket_path: str | None) -> dict[str, Any] | None:
@@ -128,11 +175,20 @@ def verify_command(cache_dir: str | None, capacity: Capacity, sample: float | No
     consumer that next needs them. Exits 1 when anything failed verification.
     """
     config = cache_config(cache_dir, capacity)
-    cache = CacheTier(config)
     try:
-        report = cache.verify(sample=sample, repair=not no_repair)
-    finally:
-        cache.close()
+        cache = CacheTier(config, reconcile=False)
+    except DiskFull as exc:
+        log.info("%s; verifying from the index file alone, without repairs", exc)
+        report = _verify_on_full_disk(config, sample)
+    else:
+        try:
+            try:
+                cache.reconcile()
+            except DiskFull as exc:  # the scrub only reads: it does not need the repairs
+                log.info("cache %s: not reconciled before verifying (%s)", cache.directory, exc)
+            report = cache.verify(sample=sample, repair=not no_repair)
+        finally:
+            cache.close()
     if as_json:
         click.echo(json.dumps({
             "blobs_checked": report.blobs_checked, "blocks_checked": report.blocks_checked,

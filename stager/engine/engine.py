@@ -30,7 +30,7 @@ import numpy as np
 from ..cache import BlobState, CacheTier
 from ..cache.fileio import pread_exact
 from ..config import FetchConfig, SourceConfig
-from ..errors import CacheError
+from ..errors import CacheError, DiskFull
 from ..hashing import block_digest, block_range
 from ..manifest import Manifest
 from ..store import OriginStats
@@ -94,8 +94,11 @@ class Engine:
         if key not in self._datasets:
             dataset = await Dataset.open(source, self.config, self.origin_stats, manifest)
             m = dataset.manifest
-            await self.in_disk_thread(self.cache.register_dataset, dataset.name,
-                                      [(m.digest(i), int(m.sizes[i])) for i in range(len(m))])
+            try:
+                await self.in_disk_thread(self.cache.register_dataset, dataset.name,
+                                          [(m.digest(i), int(m.sizes[i])) for i in range(len(m))])
+            except DiskFull as exc:  # only `stager status` needs it: the staging itself says if the disk is full
+                log.info("%s: not registered with the cache for `stager status`: %s", dataset.name, exc)
             self._datasets[key] = dataset
         return self._datasets[key]
 

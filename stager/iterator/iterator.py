@@ -38,7 +38,7 @@ from ..cache import CacheTier
 from ..cache.layout import CacheLayout
 from ..cache.reader import VerifiedReads
 from ..config import CacheConfig, FetchConfig, SourceConfig, default_cache_dir
-from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
+from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, DiskFull, OriginError, StagerError
 from ..manifest import Manifest
 from .ahead import MadeAhead
 from .deal import Layout, Remainder, Slice
@@ -55,6 +55,7 @@ BLOCK = 8192  # positions mapped per NumPy call while reading
 PLAN_BLOCK = 1 << 20  # positions mapped per call while computing the plan
 AHEAD_LIMIT = 1 << 16  # samples looked at for the "steps ready ahead" figure
 CACHE_FULL_PATIENCE = 60.0  # seconds a consumer waits for room in a full cache before it gives up
+RESERVATION_UNIT = 4096  # the cache charges each blob in whole units of at least this (CacheTier._unit)
 
 
 class TokenIterator:
@@ -73,7 +74,8 @@ class TokenIterator:
         drop_last: deal only whole steps of ``world_size * batch_size`` samples per epoch.
         rank, world_size: this process among the data-parallel ranks.
         worker, num_workers: this consumer among the rank's loader workers.
-        cache_dir, capacity: the node-local cache (directory; bytes, default 80% of its disk).
+        cache_dir, capacity: the node-local cache (directory; bytes, default 80% of its disk). It must
+            hold two shuffle windows of the largest shards, or the constructor refuses it.
         fetch: how the engine fetches (concurrency, bandwidth, retries, ...).
         storage_options: fsspec options for ``source`` (endpoint, keys).
         manifest: the dataset's manifest, if already loaded (every consumer must use the same one).
@@ -93,7 +95,7 @@ class TokenIterator:
             fetched again); "off" trusts the cache disk. See :mod:`stager.cache.reader`.
 
     Raises:
-        ConfigError: a bad argument.
+        ConfigError: a bad argument, or a capacity smaller than two shuffle windows.
         ManifestError, OriginError: the manifest cannot be loaded.
     """
 
@@ -182,6 +184,39 @@ class TokenIterator:
         self._cache_layout = CacheLayout(self.cache_config.directory)
         self._reads: VerifiedReads | None = None  # files checked by this process, made on first use
         self._cache: CacheTier | None = None  # opened only to drop a blob found bad on disk
+        self._check_capacity()
+
+    def _check_capacity(self) -> None:
+        """Refuse at once a cache too small for two shuffle windows (the one read, the one staged).
+
+        The shards of the window being read are all mapped at once, and they are only safe from
+        eviction while the engine's window ahead of the cursor (at most half the cache) covers them:
+        an evicted file that is still mapped keeps its disk blocks, so a smaller cache would overrun
+        its capacity, then its disk. The window is not shrunk to fit instead: the order must be the
+        same on every rank and node, whatever their caches, so it depends on ``shuffle_window`` alone.
+        The bound is the largest window any epoch can have (its biggest shards), so the answer
+        does not change from one epoch to the next.
+
+        Raises:
+            ConfigError: the capacity is smaller than two of the largest possible windows.
+        """
+        per_window = self.order_spec.shards_per_window
+        sizes = np.asarray(self.manifest.sizes, dtype=np.int64)[self.index.shards]
+        if not len(sizes):
+            return
+        charged = np.sort(-(-sizes // RESERVATION_UNIT) * RESERVATION_UNIT)[::-1]  # as the cache counts them
+        need = 2 * int(charged[:per_window].sum())
+        try:
+            capacity = self.cache_config.capacity_bytes()
+        except OSError:
+            return  # the cache directory says why when it is opened
+        if capacity >= need:
+            return
+        fits = int(np.searchsorted(np.cumsum(charged), capacity // 2, side="right"))
+        hint = f" or shuffle_window={fits}" if fits >= 1 and self.order_spec.shuffle else ""
+        raise ConfigError(f"{self.source.url}: a cache capacity of {capacity:,} bytes is too small for "
+                          f"shuffle_window={self.order_spec.shuffle_window}: two windows of its largest shards "
+                          f"need {need:,} bytes; give capacity={need:,} or more{hint}")
 
     # -- the stream ------------------------------------------------------------------------
 
@@ -476,6 +511,10 @@ class TokenIterator:
             try:
                 path = link.ready(position)
                 break
+            except DiskFull as exc:  # no use waiting: room comes back only when files are deleted
+                if name in str(exc):
+                    raise
+                raise DiskFull(f"{self.source.url}/{name}: cannot be staged: {exc}") from exc
             except CacheFull as exc:
                 # Room comes back as fetches in flight finish and consumed blobs become evictable;
                 # only a cache that stays full (too small for a shuffle window) is an error.
