@@ -1,0 +1,123 @@
+"""Resuming through ``StatefulDataLoader.load_state_dict`` in new processes, at another worker count or world size.
+
+Each test saves mid-epoch in a training process, kills it with SIGKILL, resumes in new processes the way
+a user would (``loader.load_state_dict(state)``), and checks the part before the save plus the resumed
+streams hold every sample of the epoch exactly once.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchdata")
+
+from tests.iterator.corpus import expected_firsts, write_counting_corpus  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+LENGTHS = [400 + 37 * i for i in range(20)]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo"}
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return tmp_path / "data", write_counting_corpus(tmp_path / "data", LENGTHS)
+
+
+def command(data, cache, out, *args) -> list[str]:
+    return [sys.executable, "-m", "tests.torch.elastic_worker", str(data), str(cache), str(out), *map(str, args)]
+
+
+def save_mid_epoch(data, cache, out: Path, workers: int, steps: int) -> Path:
+    """Run a one-rank job until it checkpoints after ``steps`` steps, kill it, return the state's path."""
+    proc = subprocess.Popen(command(data, cache, out, "--workers", workers, "--steps", steps), env=ENV, cwd=REPO,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out.exists(), "the first process never checkpointed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the process and its loader workers
+        proc.wait(timeout=30)
+    return Path(str(out) + ".state")
+
+
+def resume(data, cache, outs: list[Path], state: Path, workers: int, *extra, timeout: float = 120):
+    """Start one resumed process per entry of ``outs`` (ranks of one gloo group if more than one)."""
+    world = len(outs)
+    procs = []
+    for rank, out in enumerate(outs):
+        args = ["--workers", workers, "--load", state, *extra]
+        if world > 1:
+            args += ["--world", world, "--rank", rank, "--store", out.parent / "pg-store"]
+        procs.append(subprocess.Popen(command(data, cache, out, *args), env=ENV, cwd=REPO, start_new_session=True,
+                                      stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    return results
+
+
+def read(path: Path) -> list[list[int]]:
+    return json.loads(path.read_text())
+
+
+def assert_whole_epoch_once(manifest, *parts):
+    seen = Counter(first for part in parts for batch in part for first in batch)
+    expected = expected_firsts(manifest, 16)
+    assert not [f for f, n in seen.items() if n > 1], "samples read twice"
+    assert set(seen) == expected, f"{len(expected - set(seen))} samples never read"
+
+
+@pytest.mark.parametrize("saved, resumed", [(2, 1), (1, 3)])
+def test_another_worker_count_through_the_loader_fails_at_once_naming_the_way_that_works(corpus, tmp_path, saved,
+                                                                                        resumed):
+    data, _ = corpus
+    state = save_mid_epoch(data, tmp_path / "cache", tmp_path / "first.json", workers=saved, steps=7)
+    [(code, err)] = resume(data, tmp_path / "cache", [tmp_path / "second.json"], state, resumed)
+    assert code == 3 and f"saved with num_workers={saved}" in err and "ds.load_state_dict" in err, err
+
+
+@pytest.mark.parametrize("saved, resumed", [(2, 1), (1, 3)])
+def test_another_worker_count_through_the_dataset(corpus, tmp_path, saved, resumed):
+    data, manifest = corpus
+    state = save_mid_epoch(data, tmp_path / "cache", tmp_path / "first.json", workers=saved, steps=7)
+    [(code, err)] = resume(data, tmp_path / "cache", [tmp_path / "second.json"], state, resumed, "--via", "dataset")
+    assert code == 0, err
+    assert_whole_epoch_once(manifest, read(tmp_path / "first.json"), read(tmp_path / "second.json"))
+
+
+@pytest.mark.parametrize("via", ["loader", "both"])
+def test_world_one_to_two_through_the_loader(corpus, tmp_path, via):
+    data, manifest = corpus
+    state = save_mid_epoch(data, tmp_path / "cache", tmp_path / "first.json", workers=2, steps=7)
+    outs = [tmp_path / "rank0.json", tmp_path / "rank1.json"]
+    results = resume(data, tmp_path / "cache", outs, state, 2, "--via", via)
+    assert [code for code, _ in results] == [0, 0], results
+    assert_whole_epoch_once(manifest, read(tmp_path / "first.json"), *map(read, outs))
+
+
+def test_a_state_no_rank_can_resume_fails_every_rank_within_seconds(corpus, tmp_path):
+    data, _ = corpus
+    state = save_mid_epoch(data, tmp_path / "cache", tmp_path / "first.json", workers=2, steps=7)
+    outs = [tmp_path / "rank0.json", tmp_path / "rank1.json"]
+    began = time.monotonic()
+    results = resume(data, tmp_path / "cache", outs, state, 1)  # 2 -> 1 workers through the loader: refused
+    assert [code for code, _ in results] == [3, 3], results
+    assert all("saved with num_workers=2" in err for _, err in results), results
+    assert time.monotonic() - began < 60  # a rank left waiting at the barrier would have waited 120 s
