@@ -12,15 +12,25 @@ workers from ``torch.utils.data.get_worker_info()``. Pass the DataLoader's
 ranks and workers in the order the loader consumes them, which makes every
 step boundary a resumable point at any world size.
 
-Resuming:
+Resuming from a saved ``StatefulDataLoader.state_dict()``:
 
-* same world size and workers: ``StatefulDataLoader.load_state_dict`` (each
-  worker continues where it stopped; the stream is the same as without the
-  interruption), or ``num_workers=0`` with ``ds.state_dict()``;
-* another world size, worker count or batch size: load the loader's whole
-  state into the dataset, ``ds.load_state_dict(loader.state_dict())``, then
-  build a new loader; the rest of the epoch is re-dealt, each sample read
-  once across all ranks.
+* the same world size and workers: ``loader.load_state_dict(state)``; each
+  worker continues where it stopped, and the stream is the same as without
+  the interruption;
+* another world size or batch size, the same workers:
+  ``loader.load_state_dict(state)`` too. torchdata hands each new worker only
+  its namesake's part of the state, so the workers of the new loader swap
+  their parts as they start (:mod:`.iterator.exchange`) and each re-deals the
+  rest of the epoch from the whole: each sample is read once across all ranks;
+* another worker count (or ``num_workers=0``): torchdata's
+  ``load_state_dict`` refuses a state saved with another ``num_workers``, so
+  give the state to the dataset instead, ``ds.load_state_dict(state)``, and
+  build the new loader without calling its ``load_state_dict``. Called anyway,
+  the loader fails as it starts, with a line saying so.
+
+Every rank given the same state reaches the same re-deal or the same error
+from it, as its loader starts and before its first batch, so no rank trains
+on while another stopped.
 
 With ``num_workers > 0`` and non-persistent workers, call
 ``ds.set_epoch(epoch)`` before each epoch (like ``DistributedSampler``): the
@@ -30,6 +40,7 @@ workers' copies cannot move the dataset in the training process forward.
 from __future__ import annotations
 
 import os
+import secrets
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -39,10 +50,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .errors import ConfigError
 from .iterator import TokenIterator
-from .iterator.state import StreamState, from_loader_state
+from .iterator.exchange import exchange
+from .iterator.state import StreamState, from_loader_state, gather
 
 _NUMPY_OF = {torch.int64: np.int64, torch.int32: np.int32, torch.uint16: np.uint16, torch.uint8: np.uint8,
              torch.int16: np.int16}
+EXCHANGE_TIMEOUT = 120.0  # seconds the workers of a loader wait for each other when they start
 
 
 def _distributed() -> tuple[int, int]:
@@ -85,6 +98,9 @@ class TokenDataset(IterableDataset):
         self._kwargs.update(source=self._template.source, manifest=self._template.manifest)
         self._epoch = self._template.epoch
         self._pending: StreamState | None = None
+        self._given: dict[str, Any] | None = None  # this worker's part of a loader state, until swapped
+        self._swapped_pid: int | None = None  # the worker process that swapped its part with its siblings
+        self._token = secrets.token_hex(8)  # names this dataset's workers' meeting (copies share it)
         self._iterator: TokenIterator | None = None
         self._pid = os.getpid()
 
@@ -118,6 +134,8 @@ class TokenDataset(IterableDataset):
     def _bind(self) -> TokenIterator:
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        if info is not None and self._swapped_pid != os.getpid():
+            self._swap(info)
         it = self._local()
         if it is not None and (it.layout.workers, it.layout.worker) == (workers, worker) and self._pending is None:
             return it
@@ -129,6 +147,28 @@ class TokenDataset(IterableDataset):
             self._pending = None
         self._iterator, self._pid = it, os.getpid()
         return it
+
+    def _swap(self, info: Any) -> None:
+        """Meet this loader's other workers once, as this worker starts, and resume from all their parts.
+
+        Every worker of the loader comes here (torchdata asks each for its state as it starts; a plain
+        DataLoader's workers all fetch at once), given a part or not, so none waits for one that never comes.
+        """
+        base_seed = info.seed - info.id  # the same for every worker of one loader iterator
+        name = f"{self._token}-{os.getppid()}-{base_seed}-{info.num_workers}"
+        parts = exchange(name, info.id, info.num_workers, self._given, EXCHANGE_TIMEOUT)
+        saved = sorted({int(part["workers"]) for part in parts if part} - {info.num_workers})
+        if saved:
+            # torchdata's own restore asserts the same num_workers right after this; say why, and the way
+            # that works, from every worker of every rank alike.
+            raise ConfigError(f"the DataLoader state was saved with num_workers={saved[0]} and this loader has "
+                              f"{info.num_workers}: StatefulDataLoader.load_state_dict cannot change the worker "
+                              f"count; call ds.load_state_dict(state) before building the loader, and do not "
+                              f"call loader.load_state_dict")
+        self._pending = gather(parts, self._pending)
+        if self._pending is not None:
+            self._epoch = self._pending.epoch
+        self._given, self._swapped_pid = None, os.getpid()
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         it = self._bind()
@@ -151,6 +191,9 @@ class TokenDataset(IterableDataset):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state of this dataset, or from a whole ``StatefulDataLoader.state_dict()``.
 
+        In a DataLoader worker (torchdata's ``StatefulDataLoader.load_state_dict`` calls it there, with
+        that worker's part of the loader state), the part is kept until the loader's workers swap theirs.
+
         Raises:
             ConfigError: another dataset, seq_len or order; or a re-deal without every worker's progress.
         """
@@ -159,7 +202,12 @@ class TokenDataset(IterableDataset):
             return  # a loader state taken before any worker reported: nothing was read
         t = self._template
         parsed.check(t.index.fingerprint, t.order_spec.seed, t.order_spec.shuffle, t.order_spec.shuffle_window)
-        self._pending, self._epoch = parsed, parsed.epoch
+        if get_worker_info() is not None and self._swapped_pid != os.getpid():
+            # StatefulDataLoader.load_state_dict, in a starting worker: this worker's part only; the
+            # workers swap their parts before they resume (see _swap).
+            self._given = parsed.to_dict()
+        else:
+            self._pending, self._epoch = parsed, parsed.epoch
         it = self._local()
         if it is not None:
             it.close()
