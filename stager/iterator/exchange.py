@@ -96,7 +96,10 @@ def exchange(name: str, member: int, members: int, payload: Any, timeout: float)
                     time.sleep(_RETRY)  # bound, not listening yet (or just closed): try again
                     continue
                 _send(sock, [member, payload])
-                return _receive(sock)
+                everyone = _receive(sock)
+                if not isinstance(everyone, list):
+                    raise TimeoutError  # the hub gave up waiting for some member: the same failure here
+                return everyone
     except (TimeoutError, socket.timeout) as exc:
         raise StagerError(f"DataLoader worker {member} of {members}: not every worker of the loader started "
                           f"within {timeout:.0f} s to share the resume state (did a worker die?)") from exc
@@ -123,6 +126,13 @@ def _collect(hub: socket.socket, member: int, members: int, payload: Any, deadli
         for peer in peers:
             _send(peer, everyone)
         return everyone
+    except TimeoutError:
+        for peer in peers:  # the members that came are told, so they fail now, as this one does
+            try:
+                _send(peer, {"gave_up": len(got)})
+            except OSError:
+                pass
+        raise
     finally:
         for peer in peers:
             peer.close()
