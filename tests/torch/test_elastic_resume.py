@@ -26,9 +26,25 @@ LENGTHS = [400 + 37 * i for i in range(20)]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo"}
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    return tmp_path / "data", write_counting_corpus(tmp_path / "data", LENGTHS)
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("elastic")
+    return root / "data", write_counting_corpus(root / "data", LENGTHS)
+
+
+@pytest.fixture(scope="module")
+def saved(corpus, tmp_path_factory):
+    """saved(workers) -> (state, batches read before it): one killed job per worker count, shared by the tests."""
+    data, _ = corpus
+    root = tmp_path_factory.mktemp("saved")
+    jobs = {}
+
+    def get(workers: int):
+        if workers not in jobs:
+            first = root / f"first-{workers}.json"
+            jobs[workers] = save_mid_epoch(data, root / "cache", first, workers=workers, steps=7), read(first)
+        return jobs[workers]
+    return get
 
 
 def command(data, cache, out, *args) -> list[str]:
@@ -84,37 +100,37 @@ def assert_whole_epoch_once(manifest, *parts):
     assert set(seen) == expected, f"{len(expected - set(seen))} samples never read"
 
 
-@pytest.mark.parametrize("saved, resumed", [(2, 1), (1, 3)])
-def test_another_worker_count_through_the_loader_fails_at_once_naming_the_way_that_works(corpus, tmp_path, saved,
-                                                                                        resumed):
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 3)])
+def test_another_worker_count_through_the_loader_fails_at_once_naming_the_way_that_works(corpus, saved, tmp_path,
+                                                                                        before, after):
     data, _ = corpus
-    state = save_mid_epoch(data, tmp_path / "cache", tmp_path / "first.json", workers=saved, steps=7)
-    [(code, err)] = resume(data, tmp_path / "cache", [tmp_path / "second.json"], state, resumed)
-    assert code == 3 and f"saved with num_workers={saved}" in err and "ds.load_state_dict" in err, err
+    state, _ = saved(before)
+    [(code, err)] = resume(data, tmp_path / "cache", [tmp_path / "second.json"], state, after)
+    assert code == 3 and f"saved with num_workers={before}" in err and "ds.load_state_dict" in err, err
 
 
-@pytest.mark.parametrize("saved, resumed", [(2, 1), (1, 3)])
-def test_another_worker_count_through_the_dataset(corpus, tmp_path, saved, resumed):
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 3)])
+def test_another_worker_count_through_the_dataset(corpus, saved, tmp_path, before, after):
     data, manifest = corpus
-    state = save_mid_epoch(data, tmp_path / "cache", tmp_path / "first.json", workers=saved, steps=7)
-    [(code, err)] = resume(data, tmp_path / "cache", [tmp_path / "second.json"], state, resumed, "--via", "dataset")
+    state, first = saved(before)
+    [(code, err)] = resume(data, tmp_path / "cache", [tmp_path / "second.json"], state, after, "--via", "dataset")
     assert code == 0, err
-    assert_whole_epoch_once(manifest, read(tmp_path / "first.json"), read(tmp_path / "second.json"))
+    assert_whole_epoch_once(manifest, first, read(tmp_path / "second.json"))
 
 
 @pytest.mark.parametrize("via", ["loader", "both"])
-def test_world_one_to_two_through_the_loader(corpus, tmp_path, via):
+def test_world_one_to_two_through_the_loader(corpus, saved, tmp_path, via):
     data, manifest = corpus
-    state = save_mid_epoch(data, tmp_path / "cache", tmp_path / "first.json", workers=2, steps=7)
+    state, first = saved(2)
     outs = [tmp_path / "rank0.json", tmp_path / "rank1.json"]
     results = resume(data, tmp_path / "cache", outs, state, 2, "--via", via)
     assert [code for code, _ in results] == [0, 0], results
-    assert_whole_epoch_once(manifest, read(tmp_path / "first.json"), *map(read, outs))
+    assert_whole_epoch_once(manifest, first, *map(read, outs))
 
 
-def test_a_state_no_rank_can_resume_fails_every_rank_within_seconds(corpus, tmp_path):
+def test_a_state_no_rank_can_resume_fails_every_rank_within_seconds(corpus, saved, tmp_path):
     data, _ = corpus
-    state = save_mid_epoch(data, tmp_path / "cache", tmp_path / "first.json", workers=2, steps=7)
+    state, _ = saved(2)
     outs = [tmp_path / "rank0.json", tmp_path / "rank1.json"]
     began = time.monotonic()
     results = resume(data, tmp_path / "cache", outs, state, 1)  # 2 -> 1 workers through the loader: refused
