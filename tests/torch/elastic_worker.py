@@ -6,8 +6,9 @@ Usage: python -m tests.torch.elastic_worker DATA CACHE OUT --workers K [--steps 
 With ``--steps N`` it saves ``loader.state_dict()`` to ``OUT.state`` and the batches read so far to
 ``OUT`` after N steps, then waits to be killed. Without, it reads the rest of the epoch and writes it to
 ``OUT``. ``--load`` resumes through ``loader.load_state_dict`` (``--via loader``, the default),
-``ds.load_state_dict`` before the loader is built (``dataset``), or both. With ``--world`` it joins a gloo group (a FileStore: no port to choose) and
-meets the other ranks at a barrier after the epoch, as a training job's collectives would. An error prints one line and exits 3.
+``ds.load_state_dict`` before the loader is built (``dataset``), or both. With ``--world`` it joins a
+gloo group (a FileStore: no port to choose) and meets the other ranks at a barrier after the epoch, as a
+training job's collectives would. An error prints one line and exits 3.
 """
 
 import argparse
