@@ -105,6 +105,26 @@ def test_resume_at_world_size_three_from_a_loader_state_saved_at_two(corpus, tmp
     assert sorted(seen) == sorted(expected_firsts(manifest, 16))
 
 
+def test_resume_at_world_size_three_through_each_new_loaders_load_state_dict(corpus, tmp_path):
+    data, manifest = corpus
+    cache = str(tmp_path / "cache")
+    seen, states = [], []
+    for rank in range(2):  # each rank of the old job takes 5 steps, with 2 workers each
+        dl = loader(make(str(data), cache, rank=rank, world_size=2))
+        for step, batch in enumerate(dl):
+            seen += firsts(batch)
+            if step == 4:
+                break
+        states.append(dl.state_dict())
+        del dl
+    for rank in range(3):  # the new job: 3 ranks, the same 2 workers, the standard call with rank 0's state
+        dl = loader(make(str(data), cache, rank=rank, world_size=3))
+        dl.load_state_dict(states[0])
+        for batch in dl:
+            seen += firsts(batch)
+    assert sorted(seen) == sorted(expected_firsts(manifest, 16))
+
+
 def test_batched_mode_and_len(corpus, tmp_path):
     data, manifest = corpus
     ds = make(str(data), str(tmp_path / "cache"), batches=True)
