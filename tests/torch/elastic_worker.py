@@ -1,12 +1,14 @@
 """A training process for the elastic resume tests: one rank, a StatefulDataLoader, resumed the standard way.
 
 Usage: python -m tests.torch.elastic_worker DATA CACHE OUT --workers K [--steps N] [--load STATE]
-       [--via loader|dataset|both] [--world W --rank R --store FILE]
+       [--via loader|dataset|both] [--loader torchdata|stager] [--snapshot-every N]
+       [--world W --rank R --store FILE]
 
 With ``--steps N`` it saves ``loader.state_dict()`` to ``OUT.state`` and the batches read so far to
 ``OUT`` after N steps, then waits to be killed. Without, it reads the rest of the epoch and writes it to
 ``OUT``. ``--load`` resumes through ``loader.load_state_dict`` (``--via loader``, the default),
-``ds.load_state_dict`` before the loader is built (``dataset``), or both. With ``--world`` it joins a
+``ds.load_state_dict`` before the loader is built (``dataset``), or both; ``--loader`` picks torchdata's
+``StatefulDataLoader`` (the default) or ``stager.torch.StatefulDataLoader``. With ``--world`` it joins a
 gloo group (a FileStore: no port to choose) and meets the other ranks at a barrier after the epoch, as a
 training job's collectives would. An error prints one line and exits 3.
 """
@@ -20,7 +22,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader as TorchdataLoader
 
 from tests.torch.loader_worker import BATCH, make
 
@@ -40,6 +42,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=-1)
     p.add_argument("--load")
     p.add_argument("--via", choices=("loader", "dataset", "both"), default="loader")
+    p.add_argument("--loader", choices=("torchdata", "stager"), default="torchdata")
+    p.add_argument("--snapshot-every", type=int, default=1)
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store")
@@ -53,7 +57,12 @@ def main() -> None:
         state = torch.load(args.load, weights_only=False) if args.load else None
         if state is not None and args.via != "loader":
             ds.load_state_dict(state)
-        loader = StatefulDataLoader(ds, batch_size=BATCH, num_workers=args.workers)
+        if args.loader == "stager":
+            from stager.torch import StatefulDataLoader
+        else:
+            StatefulDataLoader = TorchdataLoader
+        loader = StatefulDataLoader(ds, batch_size=BATCH, num_workers=args.workers,
+                                    snapshot_every_n_steps=args.snapshot_every)
         if state is not None and args.via != "dataset":
             loader.load_state_dict(state)
         batches = []
