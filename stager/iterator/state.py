@@ -96,6 +96,11 @@ class StreamState:
                 raise
             raise ConfigError(f"malformed iterator state: {exc!r}") from exc
 
+    @property
+    def complete(self) -> bool:
+        """Whether it holds the progress of every worker it was dealt to (enough to re-deal from)."""
+        return all(k in self.progress for k in range(self.shape[1]))
+
     def position(self) -> int:
         """The first epoch position that some worker may not have read yet (all before it were read)."""
         world, workers, batch = self.shape

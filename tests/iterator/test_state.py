@@ -115,3 +115,9 @@ def test_rank_0s_progress_re_deals_to_exactly_what_no_rank_has_read(shape, drop_
         assert sorted(read + rests[0].positions(np.arange(len(rests[0]))).tolist()) == everything
         if steps <= steps_min:
             assert all(rest == rests[0] for rest in rests), f"ranks disagree after {steps} steps"
+
+
+def test_complete_means_every_dealt_worker_s_progress_is_there():
+    assert not state({0: 8}).complete  # one worker's part of a 2-worker loader: not enough to re-deal
+    assert merge([state({0: 8}), state({1: 4})]).complete
+    assert state({0: 8}, shape=(2, 1, 4)).complete

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
 from tests.iterator.corpus import expected_firsts, write_counting_corpus  # noqa: E402
@@ -180,6 +180,7 @@ def test_a_state_saved_between_snapshots_re_deals_through_stagers_loader(corpus,
     """Saved 1 step after a snapshot (every 3 steps): the step is credited, not replayed on re-dealt data."""
     data, manifest = corpus
     state, first = saved(2, 3)
+    assert torch.load(state, weights_only=False)["_steps_since_snapshot"] == 1  # 7 steps, snapshots at 3 and 6
     outs = [tmp_path / f"rank{r}.json" for r in range(world_after)]
     results = resume(data, tmp_path / "cache", outs, state, workers_after, *STAGER, "--snapshot-every", 3)
     assert [code for code, _ in results] == [0] * world_after, results
