@@ -302,15 +302,15 @@ def reshaped_loader_state(state: Mapping[str, Any], dataset: Any, num_workers: i
         if saved_workers == num_workers and stream.shape == dataset.stream_shape(num_workers):
             return state  # the same dealing: torchdata's own restore continues each worker exactly
         shared = {key: main[key] for key in k.shared}
-        finished = state[k.finished]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"the DataLoader state is not shaped like a torchdata StatefulDataLoader state (no key "
-                          f"{exc}); was it saved by another torchdata version?") from exc
+        finished = bool(state[k.finished])
+        base_seed = main.get(k.base_seed)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"the DataLoader state is not shaped like a torchdata StatefulDataLoader state "
+                          f"(missing or malformed: {exc}); was it saved by another torchdata version?") from exc
     whole = stream.to_dict()
     fetcher = {k.dataset_iter: None, k.ended: False}  # TokenDataset's iterator holds no state of its own
     if num_workers == 0:
         return {**shared, k.num_yielded: yielded, k.fetcher: fetcher, k.dataset: whole, k.finished: finished}
-    base_seed = main.get(k.base_seed)
     if base_seed is None:  # saved without workers: draw one as torch does for a new loader iterator
         base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
     workers = {k.worker_key(i): {k.worker_id: i, k.fetcher: dict(fetcher), k.dataset: whole}
