@@ -148,6 +148,23 @@ def test_world_two_to_three_and_two_workers_to_none_through_stagers_loader(corpu
     assert sorted(seen) == sorted(expected_firsts(manifest, 16))
 
 
+def test_a_state_saved_after_a_reshaped_resume_resumes_again_at_yet_another_worker_count(corpus, tmp_path):
+    data, manifest = corpus
+    cache = str(tmp_path / "cache")
+    seen, state = [], None
+    for workers in (2, 1, 3, 0):  # each job takes 3 steps (the last reads the rest), then the next resumes
+        dl = StagerLoader(make(str(data), cache), batch_size=BATCH, num_workers=workers)
+        if state is not None:
+            dl.load_state_dict(state)
+        for step, batch in enumerate(dl):
+            seen += firsts(batch)
+            if step == 2 and workers:
+                break
+        state = dl.state_dict()
+        del dl
+    assert sorted(seen) == sorted(expected_firsts(manifest, 16))
+
+
 def test_stagers_loader_passes_a_state_of_the_same_dealing_or_of_another_dataset_through_untouched(corpus,
                                                                                                    tmp_path):
     data, _ = corpus
