@@ -9,6 +9,7 @@ import click
 from ..config import DEFAULT_BLOCK_SIZE
 from ..manifest import MANIFEST_PATH, load_manifest, save_manifest
 from ..manifest.build import TOKEN_DTYPES, IndexConfig, build_manifest
+from ..manifest.layouts import FORMATS
 from ..store import open_store
 from . import cli
 from .options import SIZE, source_config, storage_option_flag
@@ -24,21 +25,24 @@ from .progress import byte_progress, run_async
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out paths matching a glob (repeatable).")
 @click.option("--dtype", type=click.Choice(TOKEN_DTYPES + ("none",)), default="uint16", show_default=True,
               help="Token dtype of flat .bin shards ('none': .bin files are not token shards).")
-@click.option("--token-column", default="tokens", show_default=True, help="List column holding tokens in Parquet shards.")
+@click.option("--token-column", default="tokens", show_default=True,
+              help="Column holding tokens in Parquet and Arrow shards ('tokens' also finds 'input_ids').")
+@click.option("--format", "layout", type=click.Choice(FORMATS), default="auto", show_default=True,
+              help="The dataset's layout: found from its index files (auto), or this one, which must be there.")
 @click.option("--concurrency", type=click.IntRange(1, 1024), default=16, envvar="STAGER_CONCURRENCY",
               show_default=True, help="Block reads in flight.")
 @click.option("--dry-run", is_flag=True, help="Hash and summarise, but do not write the manifest.")
 @click.option("--check", is_flag=True, help="Only load and validate the existing manifest, and summarise it.")
 def index_command(source: str, storage_option: tuple[str, ...], block_size: int, include: tuple[str, ...],
-                  exclude: tuple[str, ...], dtype: str, token_column: str, concurrency: int, dry_run: bool,
-                  check: bool) -> None:
+                  exclude: tuple[str, ...], dtype: str, token_column: str, layout: str, concurrency: int,
+                  dry_run: bool, check: bool) -> None:
     """Hash every file under SOURCE and write SOURCE/.stager/manifest.parquet atomically.
 
     SOURCE is any fsspec URL (s3://bucket/prefix, gs://..., file:///path) or a local path.
     """
     config = IndexConfig(block_size=block_size, include=include, exclude=exclude,
                          bin_dtype=None if dtype == "none" else dtype, token_column=token_column,
-                         concurrency=concurrency)
+                         layout=layout, concurrency=concurrency)
 
     async def run() -> None:
         store = open_store(source_config(source, storage_option), concurrency=concurrency)

@@ -6,7 +6,8 @@ is read in order, block by block, with a few blocks read ahead, so every byte
 crosses the network once and feeds both the whole-file and the block digests.
 Token metadata is filled in by format: ``.bin`` shards take the dtype given
 (their token count is size / itemsize), ``.npy`` shards are read from their
-header, Parquet shards from the footer of their token column.
+header. Parquet files, and layouts with index files of their own (Megatron,
+Hugging Face Arrow, ...), are found and described by :mod:`.layouts`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..config import DEFAULT_BLOCK_SIZE
-from ..errors import ConfigError, ManifestError
+from ..errors import ConfigError, ManifestError, OriginError
 from ..hashing import StreamHasher, block_range
 from . import MANIFEST_DIR
+from .layouts import find_layouts
 from .model import Manifest, ShardEntry
 
 TOKEN_DTYPES = ("uint16", "uint32", "int32", "int64", "uint8")
@@ -36,7 +38,8 @@ class IndexConfig:
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
     bin_dtype: str | None = "uint16"  # dtype of flat .bin token shards; None: not token shards
-    token_column: str = "tokens"
+    token_column: str = "tokens"  # the default also finds Hugging Face's input_ids
+    layout: str = "auto"  # --format: which layout to look for (stager.manifest.layouts.FORMATS)
     concurrency: int = 16  # block reads in flight across all files
     read_ahead: int = 4  # blocks read ahead within one file
 
@@ -76,6 +79,7 @@ async def build_manifest(
         ManifestError: a file changed size while it was read, or nothing matched.
     """
     objects = [o for o in await store.list() if selected(o.path, config)]
+    layouts = await find_layouts(store, {o.path: o.size for o in objects}, config.layout, config.token_column)
     if on_listed:
         on_listed(len(objects), sum(o.size for o in objects))
     gate = asyncio.Semaphore(config.concurrency)
@@ -88,17 +92,19 @@ async def build_manifest(
     async def hash_one(obj) -> ShardEntry:
         hasher = StreamHasher(config.block_size)
         nblocks = -(-obj.size // config.block_size)
+        probe = layouts.probe(obj.path, obj.size)
         pending: list[asyncio.Task[bytes]] = []
-        head = tail = b""
+        head = b""
         try:
             for index in range(nblocks):
                 while len(pending) < config.read_ahead and index + len(pending) < nblocks:
                     pending.append(asyncio.ensure_future(read_block(obj.path, obj.size, index + len(pending))))
                 data = await pending.pop(0)
                 hasher.update(data)
+                if probe is not None:
+                    probe.feed(data)
                 if index == 0:
                     head = data[:4096]
-                tail = (tail + data)[-(2 * config.block_size):] if obj.path.endswith(".parquet") else b""
                 if on_bytes:
                     on_bytes(len(data))
         finally:
@@ -107,16 +113,26 @@ async def build_manifest(
         digest, blocks = hasher.finish()
         if hasher.size != obj.size:
             raise ManifestError(f"{store.url}/{obj.path}: size changed while indexing ({obj.size} -> {hasher.size})")
-        dtype, tokens = token_info(obj.path, obj.size, head, tail, config)
+        info = await layouts.describe(obj.path, obj.size, probe)
+        if info is not None:
+            return ShardEntry(obj.path, obj.size, digest, tuple(blocks), info.dtype, info.tokens, obj.mtime,
+                              info.layout, info.column)
+        dtype, tokens = token_info(obj.path, obj.size, head, config)
         return ShardEntry(obj.path, obj.size, digest, tuple(blocks), dtype, tokens, obj.mtime)
 
-    async with asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(hash_one(o)) for o in objects]
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(hash_one(o)) for o in objects]
+    except* (ManifestError, OriginError) as group:  # one file's failure, reported as one error
+        first = group.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
     return Manifest.from_entries((t.result() for t in tasks), config.block_size)
 
 
-def token_info(path: str, size: int, head: bytes, tail: bytes, config: IndexConfig) -> tuple[str | None, int | None]:
-    """The token dtype and count of a shard, from its name and its first and last bytes."""
+def token_info(path: str, size: int, head: bytes, config: IndexConfig) -> tuple[str | None, int | None]:
+    """The token dtype and count of a flat or ``.npy`` shard, from its name and its first bytes."""
     if path.endswith(".bin") and config.bin_dtype:
         itemsize = np.dtype(config.bin_dtype).itemsize
         if size % itemsize:
@@ -124,8 +140,6 @@ def token_info(path: str, size: int, head: bytes, tail: bytes, config: IndexConf
         return config.bin_dtype, size // itemsize
     if path.endswith(".npy"):
         return _npy_info(path, head)
-    if path.endswith(".parquet"):
-        return _parquet_info(path, size, tail, config.token_column)
     return None, None
 
 
@@ -140,27 +154,3 @@ def _npy_info(path: str, head: bytes) -> tuple[str | None, int | None]:
     if dtype.name not in TOKEN_DTYPES or dtype.byteorder == ">":
         return None, None
     return dtype.name, int(np.prod(shape))
-
-
-def _parquet_info(path: str, size: int, tail: bytes, column: str) -> tuple[str | None, int | None]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.read_metadata(pa.BufferReader(tail))
-    except (pa.ArrowException, OSError) as exc:
-        if len(tail) >= size:
-            raise ManifestError(f"{path}: not a readable Parquet file: {exc}") from exc
-        return None, None  # footer larger than what we kept: not a token shard we can describe
-    schema = meta.schema.to_arrow_schema()
-    if column not in schema.names:
-        return None, None
-    field_type = schema.field(column).type
-    if not (pa.types.is_list(field_type) or pa.types.is_large_list(field_type)):
-        return None, None
-    value_type = str(field_type.value_type)
-    if value_type not in TOKEN_DTYPES:
-        return None, None
-    leaf = next(i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] == column)
-    tokens = sum(meta.row_group(g).column(leaf).num_values for g in range(meta.num_row_groups))
-    return value_type, tokens

@@ -1,8 +1,10 @@
-"""Parquet token files: a list column of token ids (``tokens`` by default), one row per document.
+"""Parquet token files: a token column (``tokens`` by default) of lists of integers, one row per document.
 
-The file is opened memory-mapped and only the token column is read; the
-flattened list values of each row group are Arrow buffers viewed by NumPy
-without a copy. Parquet pages are compressed, so decoding produces those
+The column may be a ``list``, ``large_list`` or ``fixed_size_list`` of any
+integer type (the rules in :mod:`stager.manifest.layouts.columns`, shared
+with the index). The file is opened memory-mapped and only the token column
+is read; the flattened values of each row group are Arrow buffers viewed by
+NumPy without a copy. Parquet pages are compressed, so decoding produces those
 buffers once per open; several row groups are joined into one array.
 """
 
@@ -15,7 +17,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import CorruptData
+from ...manifest.layouts.columns import flat_values
 from .base import ShardReader, check_tokens
+
+
+def joined(chunks, name: str, column: str, dtype: str | None) -> np.ndarray:
+    """The tokens of every chunk of a token column, rows concatenated (no copy for a single chunk)."""
+    parts = [part for part in (flat_values(chunk, name, column) for chunk in chunks) if len(part)]
+    if not parts:
+        return np.zeros(0, np.dtype(dtype or "uint32"))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class ParquetReader(ShardReader):
@@ -29,19 +40,4 @@ class ParquetReader(ShardReader):
             table = pq.read_table(path, columns=[self.column], memory_map=True)
         except (pa.ArrowException, OSError, KeyError) as exc:
             raise CorruptData(f"{name}: cannot read column {self.column!r}: {exc}") from exc
-        column = table.column(self.column)
-        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-            raise CorruptData(f"{name}: column {self.column!r} is {column.type}, not a list of token ids")
-        if column.null_count:
-            raise CorruptData(f"{name}: column {self.column!r} has null documents")
-        parts = []
-        for chunk in column.chunks:
-            values = chunk.flatten()
-            if values.null_count:
-                raise CorruptData(f"{name}: column {self.column!r} has null token ids")
-            parts.append(values.to_numpy(zero_copy_only=True))
-        if not parts:
-            array = np.zeros(0, np.dtype(dtype or "uint32"))
-        else:
-            array = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return check_tokens(array, name, dtype, tokens)
+        return check_tokens(joined(table.column(self.column).chunks, name, self.column, dtype), name, dtype, tokens)
