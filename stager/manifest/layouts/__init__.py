@@ -9,6 +9,7 @@ parquet     ``.parquet`` files (always)                      each with a token c
 megatron    ``PREFIX.idx`` beside ``PREFIX.bin``             the ``.bin``, dtype from the ``.idx``
 arrow       ``.arrow`` files (Hugging Face ``save_to_disk``  each ``.arrow`` with a token column
             folders, with their ``state.json``)
+litdata     ``index.json`` with ``chunks`` and ``config``    each chunk (``TokensLoader`` tokens)
 ==========  ===============================================  =======================================
 
 ``--format auto`` (the default) looks for every layout; ``--format NAME``
@@ -24,13 +25,13 @@ with a :class:`~stager.errors.ManifestError` naming it.
 from __future__ import annotations
 
 from ...errors import ConfigError, ManifestError
-from . import arrow, megatron
+from . import arrow, litdata, megatron
 from .parquet import ParquetLayout
 from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo
 from .columns import INTEGER_DTYPES, candidates, find_column, flat_values, parquet_tokens
 
 #: What ``--format`` accepts.
-FORMATS = ("auto", "files", "parquet", "megatron", "arrow")
+FORMATS = ("auto", "files", "parquet", "megatron", "arrow", "litdata")
 
 
 class Layouts:
@@ -63,10 +64,15 @@ async def find_layouts(store, sizes: dict[str, int], fmt: str = "auto", column: 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     found: list[DatasetLayout] = []
+    if fmt in ("auto", "litdata"):  # first: its chunks are .bin files, which are no Megatron data
+        chunks = await litdata.find(store, sizes, fmt == "litdata")
+        if chunks is not None:
+            found.append(chunks)
     if fmt in ("auto", "megatron"):
         pairs = await megatron.find(store, sizes, fmt == "megatron")
         if pairs is not None:
-            lone = next((p for p in sizes if p.endswith(".bin") and not pairs.claims(p)), None)
+            lone = next((p for p in sizes if p.endswith(".bin") and not any(f.claims(p) for f in (*found, pairs))),
+                        None)
             if lone is not None:
                 raise ManifestError(f"{store.url.rstrip('/')}/{lone}: no {lone[:-4]}.idx beside it, "
                                     f"but this dataset's other .bin files are Megatron's")
