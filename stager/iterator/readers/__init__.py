@@ -25,6 +25,7 @@ from .arrow import ArrowReader
 from .base import ShardReader, check_tokens
 from .flat import FlatReader
 from .litdata import LitDataReader
+from .mds import MdsReader
 from .npy import NpyReader
 from .parquet import ParquetReader
 from ...errors import ConfigError
@@ -46,7 +47,8 @@ def reader_for(name: str, *, token_column: str = "tokens", layout: str | None = 
     column = column or token_column
     if layout is not None:
         by_layout = {"flat": FlatReader, "megatron": FlatReader, "npy": NpyReader, "litdata": LitDataReader,
-                     "parquet": lambda: ParquetReader(column), "arrow": lambda: ArrowReader(column)}
+                     "parquet": lambda: ParquetReader(column), "arrow": lambda: ArrowReader(column),
+                     "mds": lambda: MdsReader(column)}
         if layout not in by_layout:
             raise ConfigError(f"{name}: no token reader for layout {layout!r} in this stager "
                               f"(known: {', '.join(sorted(by_layout))})")
@@ -57,4 +59,4 @@ def reader_for(name: str, *, token_column: str = "tokens", layout: str | None = 
     raise ConfigError(f"{name}: no token reader for this file type (known: .bin, .npy, .parquet, .arrow)")
 
 
-__all__ = ["ArrowReader", "FlatReader", "LitDataReader", "NpyReader", "ParquetReader", "ShardReader", "check_tokens", "reader_for"]
+__all__ = ["ArrowReader", "FlatReader", "LitDataReader", "MdsReader", "NpyReader", "ParquetReader", "ShardReader", "check_tokens", "reader_for"]

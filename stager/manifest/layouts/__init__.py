@@ -10,6 +10,7 @@ megatron    ``PREFIX.idx`` beside ``PREFIX.bin``             the ``.bin``, dtype
 arrow       ``.arrow`` files (Hugging Face ``save_to_disk``  each ``.arrow`` with a token column
             folders, with their ``state.json``)
 litdata     ``index.json`` with ``chunks`` and ``config``    each chunk (``TokensLoader`` tokens)
+mds         ``index.json`` with ``version: 2``, ``shards``   each ``.mds`` shard's token column
 ==========  ===============================================  =======================================
 
 ``--format auto`` (the default) looks for every layout; ``--format NAME``
@@ -25,13 +26,13 @@ with a :class:`~stager.errors.ManifestError` naming it.
 from __future__ import annotations
 
 from ...errors import ConfigError, ManifestError
-from . import arrow, litdata, megatron
+from . import arrow, litdata, mds, megatron
 from .parquet import ParquetLayout
 from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo
 from .columns import INTEGER_DTYPES, candidates, find_column, flat_values, parquet_tokens
 
 #: What ``--format`` accepts.
-FORMATS = ("auto", "files", "parquet", "megatron", "arrow", "litdata")
+FORMATS = ("auto", "files", "parquet", "megatron", "arrow", "litdata", "mds")
 
 
 class Layouts:
@@ -68,6 +69,10 @@ async def find_layouts(store, sizes: dict[str, int], fmt: str = "auto", column: 
         chunks = await litdata.find(store, sizes, fmt == "litdata")
         if chunks is not None:
             found.append(chunks)
+    if fmt in ("auto", "mds"):
+        shards = await mds.find(store, sizes, column, fmt == "mds")
+        if shards is not None:
+            found.append(shards)
     if fmt in ("auto", "megatron"):
         pairs = await megatron.find(store, sizes, fmt == "megatron")
         if pairs is not None:
