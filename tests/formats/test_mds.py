@@ -8,6 +8,9 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+from stager.errors import CorruptData
 
 from .golden import assert_every_sample_once, epoch, index, refused
 
@@ -82,3 +85,14 @@ def test_an_offset_table_that_points_past_its_shard_is_refused(tmp_path, capsys)
     shard.write_bytes(bytes(bad))
     (data / "index.json").write_text(json.dumps(index_json))
     assert "shard.00000.mds: its samples end at byte" in refused(data, capsys)
+
+
+def test_a_shard_changed_after_indexing_is_refused_at_stage_time_naming_it(tmp_path, capsys):
+    data = copy(tmp_path, "fixed")
+    index(data, capsys)
+    shard = data / "shard.00002.mds"
+    bad = bytearray(shard.read_bytes())
+    bad[-3] ^= 0x40  # same size, other bytes: the manifest's digests catch it before any sample is cut
+    shard.write_bytes(bytes(bad))
+    with pytest.raises(CorruptData, match="shard.00002.mds"):
+        epoch(data, tmp_path / "cache", SEQ, shuffle=False)
