@@ -63,6 +63,10 @@ def index_command(source: str, storage_option: tuple[str, ...], block_size: int,
         finally:
             await store.close()
         where = "not written (dry run)" if dry_run else f"{store.url.rstrip('/')}/{MANIFEST_PATH}"
-        click.echo(f"indexed {len(manifest)} files, {manifest.total_bytes:,} bytes; manifest {where}")
+        token_shards = int((manifest.tokens >= 0).sum())
+        layouts = sorted({layout for layout in manifest.layouts if layout})
+        read_as = f" ({', '.join(layouts)})" if layouts else ""
+        click.echo(f"indexed {len(manifest)} files, {manifest.total_bytes:,} bytes, {token_shards} token shards"
+                   f"{read_as}; manifest {where}")
 
     run_async(run())

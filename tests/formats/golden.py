@@ -28,7 +28,11 @@ def index(data: Path, capsys, *args: str):
     """``stager index DATA ARGS`` must succeed; returns the manifest it wrote."""
     result = run_here(["index", str(data), "--block-size", "64KiB", *args], capsys)
     assert result.returncode == 0, result.stderr
-    return read_manifest_file(str(data / MANIFEST_PATH))
+    manifest = read_manifest_file(str(data / MANIFEST_PATH))
+    layouts = sorted({layout for layout in manifest.layouts if layout})
+    summary = f"{int((manifest.tokens >= 0).sum())} token shards" + (f" ({', '.join(layouts)})" if layouts else "")
+    assert summary in result.stdout, result.stdout  # the user sees what was recognised
+    return manifest
 
 
 def epoch(data: Path, cache: Path, seq_len: int, *, epoch_number: int = 0, **kwargs) -> list[np.ndarray]:

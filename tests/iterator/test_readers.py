@@ -126,3 +126,32 @@ def test_an_arrow_stream_reads_as_its_token_column_and_refuses_a_truncated_one(t
     path.write_bytes(path.read_bytes()[:60])
     with pytest.raises(CorruptData, match="d.arrow: "):
         reader_for("d.arrow", layout="arrow", column="input_ids").open(path, "d.arrow", "int32", 10)
+
+
+def test_litdata_and_mds_readers_refuse_a_cache_file_that_is_not_what_the_manifest_says(tmp_path):
+    from pathlib import Path
+
+    fixtures = Path(__file__).resolve().parents[1] / "formats" / "fixtures"
+    chunk = (fixtures / "litdata" / "data" / "chunk-0-0.bin").read_bytes()
+    path = tmp_path / "blob"
+    path.write_bytes(chunk)
+    tokens = reader_for("chunk-0-0.bin", layout="litdata").open(path, "chunk-0-0.bin", "int32", 1194)
+    assert tokens.dtype == np.int32 and not tokens.flags.writeable
+    base = tokens
+    while getattr(base, "base", None) is not None and not isinstance(base, memoryview):
+        base = base.base
+    assert isinstance(base, memoryview)  # a view of the map, not a copy
+    with pytest.raises(CorruptData, match="chunk-0-0.bin: holds 1194 tokens, the manifest says 1000"):
+        reader_for("chunk-0-0.bin", layout="litdata").open(path, "chunk-0-0.bin", "int32", 1000)
+    path.write_bytes(b"\xff\xff\xff\x00" + chunk[4:])
+    with pytest.raises(CorruptData, match="chunk-0-0.bin: its header says"):
+        reader_for("chunk-0-0.bin", layout="litdata").open(path, "chunk-0-0.bin", "int32", 1194)
+
+    shard = (fixtures / "mds" / "fixed" / "shard.00000.mds").read_bytes()
+    path.write_bytes(shard)
+    tokens = reader_for("shard.00000.mds", layout="mds", column="tokens").open(path, "s.mds", "uint16", 38 * 64)
+    expected = np.load(fixtures / "mds" / "expected.npz")["fixed/shard.00000.mds"]
+    assert np.array_equal(tokens, expected) and not tokens.flags.writeable
+    path.write_bytes(shard[:len(shard) // 2])
+    with pytest.raises(CorruptData, match="s.mds: not a readable MDS shard"):
+        reader_for("shard.00000.mds", layout="mds", column="tokens").open(path, "s.mds", "uint16", 38 * 64)

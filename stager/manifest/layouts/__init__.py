@@ -14,7 +14,9 @@ mds         ``index.json`` with ``version: 2``, ``shards``   each ``.mds`` shard
 ==========  ===============================================  =======================================
 
 ``--format auto`` (the default) looks for every layout; ``--format NAME``
-requires that one to be there. Every file is a shard, the layouts' own index
+looks for that one only, and it must be there; ``--format files`` looks for
+none (suffix rules only). Parquet files are read by their footer in every
+case. Every file is a shard, the layouts' own index
 files too (so the mount shows the dataset as its native loader expects it);
 a layout only says what the iterator needs of its token shards: dtype, token
 count, reader (``layout``) and token column. The layout's index files are
@@ -27,9 +29,9 @@ from __future__ import annotations
 
 from ...errors import ConfigError, ManifestError
 from . import arrow, litdata, mds, megatron
-from .parquet import ParquetLayout
 from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo
 from .columns import INTEGER_DTYPES, candidates, find_column, flat_values, parquet_tokens
+from .parquet import ParquetLayout
 
 #: What ``--format`` accepts.
 FORMATS = ("auto", "files", "parquet", "megatron", "arrow", "litdata", "mds")
