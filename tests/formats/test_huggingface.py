@@ -86,3 +86,13 @@ def test_a_truncated_arrow_file_and_a_state_that_lists_a_missing_file_are_refuse
     state["_data_files"] = "nonsense"
     (data / "state.json").write_text(json.dumps(state))
     assert "state.json: not a Hugging Face dataset state" in refused(data, capsys)
+
+
+@pytest.mark.parametrize("cut", [0, 5, 200])
+def test_an_arrow_file_cut_before_its_schema_or_not_one_at_all_is_refused(tmp_path, capsys, datasets, cut):
+    data = tmp_path / "data"
+    save(datasets, data, [[1, 2, 3, 4]] * 50, shards=1)
+    shard = data / "data-00000-of-00001.arrow"
+    shard.write_bytes(shard.read_bytes()[:cut] if cut else b"PAR1 not an arrow stream at all, but named so")
+    line = refused(data, capsys)
+    assert "data-00000-of-00001.arrow: " in line and ("Arrow IPC stream" in line or "truncated" in line)

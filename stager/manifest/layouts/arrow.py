@@ -104,8 +104,12 @@ class ArrowStreamProbe(Probe):
         self.tokens += len(flat_values(batch.column(name), self.name, name))
 
     def finish(self) -> TokenInfo:
-        if self.failure or (self.schema is not None and self.found is not None and not self.ended):
-            raise ManifestError(f"{self.name}: {self.failure or 'the Arrow stream ends early (truncated)'}")
+        if self.failure:
+            raise ManifestError(f"{self.name}: {self.failure}")
+        if self.schema is None:  # not even a schema: a file named .arrow that is no stream, or a cut one
+            raise ManifestError(f"{self.name}: not a readable Arrow IPC stream (no schema message; truncated?)")
+        if self.found is not None and not self.ended:
+            raise ManifestError(f"{self.name}: the Arrow stream ends early (truncated)")
         if self.found is None:
             return NOT_TOKENS
         column, dtype = self.found
