@@ -22,7 +22,7 @@ import struct
 
 import pyarrow as pa
 
-from ...errors import ManifestError
+from ...errors import CorruptData, ManifestError
 from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo
 from .columns import find_column, flat_values
 
@@ -60,7 +60,7 @@ class ArrowStreamProbe(Probe):
         self.buffer += data
         try:
             self._drain()
-        except (pa.ArrowException, struct.error, ValueError, IndexError) as exc:
+        except (pa.ArrowException, OSError, struct.error, ValueError, IndexError, KeyError) as exc:
             self.failure = f"not a readable Arrow IPC stream: {exc}"
 
     def _drain(self) -> None:
@@ -101,7 +101,10 @@ class ArrowStreamProbe(Probe):
             return  # dictionary batches belong to other columns
         batch = pa.ipc.read_record_batch(message, self.schema)
         name = self.found[0]
-        self.tokens += len(flat_values(batch.column(name), self.name, name))
+        try:
+            self.tokens += len(flat_values(batch.column(name), self.name, name))
+        except CorruptData as exc:
+            raise ValueError(str(exc).removeprefix(f"{self.name}: ")) from exc
 
     def finish(self) -> TokenInfo:
         if self.failure:

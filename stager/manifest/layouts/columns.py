@@ -60,6 +60,11 @@ def flat_values(array: pa.Array, name: str, column: str) -> np.ndarray:
     """
     if token_dtype(array.type) is None:
         raise CorruptData(f"{name}: column {column!r} is {array.type}, not a list of integer token ids")
+    try:
+        # Offsets from the file are untrusted: Arrow would read past its buffers (or abort) on bad ones.
+        array.validate(full=True)
+    except (pa.ArrowException, ValueError) as exc:
+        raise CorruptData(f"{name}: column {column!r} is corrupt: {exc}") from exc
     values = array.flatten()
     if values.null_count:
         raise CorruptData(f"{name}: column {column!r} has null token ids")
