@@ -6,7 +6,10 @@ stored beside the data at ``<source>/.stager/manifest.parquet``, so the source
 URL alone finds it. The manifest is untrusted input: loading validates every
 entry (:mod:`.validate`) and refuses unknown format versions (:mod:`.parquet`).
 It is written atomically, so a reader sees the previous manifest or the new
-one, never half of one.
+one, never half of one. Datasets another loader wrote (MosaicML MDS,
+LitData, Hugging Face Arrow, Megatron, Parquet of any token column shape) are
+indexed in place by :mod:`.layouts`, which records in two optional columns
+(``layout``, ``column``) how the iterator reads each token shard.
 """
 
 from __future__ import annotations
