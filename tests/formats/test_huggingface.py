@@ -96,3 +96,22 @@ def test_an_arrow_file_cut_before_its_schema_or_not_one_at_all_is_refused(tmp_pa
     shard.write_bytes(shard.read_bytes()[:cut] if cut else b"PAR1 not an arrow stream at all, but named so")
     line = refused(data, capsys)
     assert "data-00000-of-00001.arrow: " in line and ("Arrow IPC stream" in line or "truncated" in line)
+
+
+def test_an_arrow_ipc_file_and_unrelated_idx_and_index_json_files_are_no_obstacle(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    data = tmp_path / "data"
+    data.mkdir()
+    column = pa.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]] * 10, pa.list_(pa.uint16()))
+    feather.write_feather(pa.table({"input_ids": column}), str(data / "part.arrow"), compression="uncompressed")
+    (data / "search.idx").write_bytes(b"TNTIDX\x00\x00 another tool's index")  # no Megatron magic, no .bin
+    (data / "web").mkdir()
+    (data / "web" / "index.json").write_text("<html>not json</html>")  # nothing of a layout beside it
+    manifest = index(data, capsys)
+    i = manifest.index_of("part.arrow")
+    assert (manifest.layouts[i], manifest.tokens[i]) == ("arrow", 90)
+    assert manifest.tokens[manifest.index_of("search.idx")] == -1
+    native = [np.array([1, 2, 3], np.uint16), np.array([4, 5, 6], np.uint16), np.array([7, 8, 9], np.uint16)] * 10
+    assert_every_sample_once(epoch(data, tmp_path / "cache", 3), native)

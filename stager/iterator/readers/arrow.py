@@ -1,4 +1,4 @@
-"""Arrow IPC stream files (``.arrow``, as Hugging Face ``save_to_disk`` writes them): the token column.
+"""Arrow IPC files (``.arrow``: streams, as Hugging Face ``save_to_disk`` writes them, or the file format): the token column.
 
 The file is memory-mapped and read as a stream of record batches without
 copying a buffer; the token column's values of each batch are viewed by NumPy
@@ -27,11 +27,19 @@ class ArrowReader(ShardReader):
     def open(self, path: Path, name: str, dtype: str | None, tokens: int) -> np.ndarray:
         try:
             # Not closed here: the arrays are views of the map, which lives as long as they do.
-            reader = pa.ipc.open_stream(pa.memory_map(str(path)))
-            if self.column not in reader.schema.names:
+            source = pa.memory_map(str(path))
+            if source.read(6) == b"ARROW1":  # the IPC file format (Feather v2), not a stream
+                source.seek(0)
+                file = pa.ipc.open_file(source)
+                schema, batches = file.schema, (file.get_batch(i) for i in range(file.num_record_batches))
+            else:
+                source.seek(0)
+                stream = pa.ipc.open_stream(source)
+                schema, batches = stream.schema, stream
+            if self.column not in schema.names:
                 raise CorruptData(f"{name}: has no column {self.column!r}")
-            index = reader.schema.get_field_index(self.column)
-            chunks = [batch.column(index) for batch in reader]
+            index = schema.get_field_index(self.column)
+            chunks = [batch.column(index) for batch in batches]
         except (pa.ArrowException, OSError) as exc:
             raise CorruptData(f"{name}: not a readable Arrow IPC stream: {exc}") from exc
         return check_tokens(joined(chunks, name, self.column, dtype), name, dtype, tokens)

@@ -11,7 +11,9 @@ that names a file the folder lacks is refused.
 The token count needs the data: a :class:`ArrowStreamProbe` follows the stream
 as it is hashed, one message at a time (the framing is an 8-byte prefix, the
 flatbuffer metadata, and a body whose length the metadata holds), and counts
-each batch's tokens with the rules the reader uses (:mod:`.columns`).
+each batch's tokens with the rules the reader uses (:mod:`.columns`). An
+Arrow IPC *file* (Feather v2: ``ARROW1`` magic, the same stream, a footer) is
+read the same way, past its magic.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo
 from .columns import find_column, flat_values
 
 CONTINUATION = 0xFFFFFFFF
+FILE_MAGIC = b"ARROW1"
 
 
 def _body_length(metadata: bytes | bytearray | memoryview) -> int:
@@ -65,6 +68,10 @@ class ArrowStreamProbe(Probe):
 
     def _drain(self) -> None:
         buf = self.buffer
+        if self.schema is None and self.message_end is None and buf[:6] == FILE_MAGIC[:min(6, len(buf))]:
+            if len(buf) < 8:
+                return
+            del buf[:8]  # the IPC file format: magic and padding, then the same stream (the footer follows it)
         while not self.ended:
             if self.message_end is None:
                 if len(buf) < 8:

@@ -12,7 +12,11 @@ says what the manifest records: dtype, token count, reader and column.
 from __future__ import annotations
 
 import abc
+import json
+import posixpath
 from dataclasses import dataclass
+
+from ...errors import ManifestError
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +68,22 @@ class DatasetLayout(abc.ABC):
         Raises:
             ManifestError: the file disagrees with the layout's index (names the file).
         """
+
+
+def read_index_json(name: str, data: bytes, sizes: dict[str, int], folder: str, data_files) -> object | None:
+    """The content of an ``index.json``, or None when it is not JSON and nothing beside it looks like data.
+
+    LitData and MDS both name their index ``index.json``; other tools use the name too. An
+    unreadable one is refused only when files of the layout lie beside it (``data_files``: a
+    predicate on a file name), where leaving it out would read those files as something else.
+
+    Raises:
+        ManifestError: it is not JSON, and data of the layout lies beside it.
+    """
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        beside = [p for p in sizes if posixpath.dirname(p) == folder and data_files(posixpath.basename(p))]
+        if beside:
+            raise ManifestError(f"{name}: not valid JSON ({exc}), beside {beside[0]}") from exc
+        return None

@@ -18,14 +18,13 @@ decompressed form in the cache.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import struct
 
 import numpy as np
 
 from ...errors import ManifestError
-from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo
+from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo, read_index_json
 
 #: litdata.constants._TORCH_DTYPES_MAPPING, the integer entries.
 TORCH_DTYPES = {11: "uint8", 12: "int8", 13: "int16", 14: "int16", 15: "int32", 16: "int32", 17: "int64",
@@ -102,12 +101,9 @@ class LitDataLayout(DatasetLayout):
         return probe.finish()
 
 
-def parse_index(name: str, data: bytes) -> dict | None:
-    """A LitData ``index.json``'s content, or None when the JSON is another layout's (MDS has one too)."""
-    try:
-        content = json.loads(data)
-    except ValueError as exc:
-        raise ManifestError(f"{name}: not valid JSON: {exc}") from exc
+def parse_index(name: str, data: bytes, sizes: dict[str, int], folder: str) -> dict | None:
+    """A LitData ``index.json``'s content, or None when it is another layout's (MDS has one too)."""
+    content = read_index_json(name, data, sizes, folder, lambda f: f.startswith("chunk-") and f.endswith(".bin"))
     if not isinstance(content, dict) or "chunks" not in content or "config" not in content:
         return None
     return content
@@ -124,7 +120,7 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
     chunks: dict[str, tuple[str, dict, str]] = {}
     for index in (p for p in sizes if posixpath.basename(p) == "index.json"):
         name = f"{root}/{index}"
-        content = parse_index(name, await store.read(index))
+        content = parse_index(name, await store.read(index), sizes, posixpath.dirname(index))
         if content is None:
             continue
         try:

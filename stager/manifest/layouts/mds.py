@@ -22,7 +22,6 @@ keep their decompressed form in the cache.
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 import struct
 
@@ -30,7 +29,7 @@ import numpy as np
 import xxhash
 
 from ...errors import ManifestError
-from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo
+from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo, read_index_json
 from .columns import candidates
 
 INTEGER_DTYPES = frozenset({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"})
@@ -216,10 +215,8 @@ async def find(store, sizes: dict[str, int], column: str | None, required: bool)
     shards: dict[str, tuple[str, dict, TokenColumn]] = {}
     for index in (p for p in sizes if posixpath.basename(p) == "index.json"):
         name = f"{root}/{index}"
-        try:
-            content = json.loads(await store.read(index))
-        except ValueError as exc:
-            raise ManifestError(f"{name}: not valid JSON: {exc}") from exc
+        content = read_index_json(name, await store.read(index), sizes, posixpath.dirname(index),
+                                  lambda f: ".mds" in f)
         if not isinstance(content, dict) or "shards" not in content:
             continue  # another layout's index.json (LitData has one too)
         try:

@@ -131,8 +131,12 @@ async def find(store, sizes: dict[str, int], required: bool) -> MegatronLayout |
     headers = {}
     for prefix in prefixes:
         idx, bin_ = prefix + ".idx", prefix + ".bin"
+        data = await store.read_range(idx, 0, min(HEADER.size, sizes[idx])) if sizes[idx] else b""
+        if not required and not data.startswith(MAGIC):
+            continue  # another tool's .idx file: not Megatron's, and not ours to judge
         if bin_ not in sizes:
             raise ManifestError(f"{root}/{idx}: Megatron index without its data file {bin_}")
-        data = await store.read_range(idx, 0, min(HEADER.size, sizes[idx])) if sizes[idx] else b""
         headers[prefix] = IdxHeader(f"{root}/{idx}", data, sizes[idx])
+    if not headers:
+        return None
     return MegatronLayout(root, headers, sizes)
