@@ -25,6 +25,17 @@ in its own process, side by side:
     (blocked / elapsed), p99 wait per step, and how many samples had wrong
     tokens.
 
+(c) **layouts read in place**: the same corpus as a Hugging Face ``save_to_disk``
+    folder and as Megatron-LM ``.bin``/``.idx`` pairs (written by ``datasets`` and
+    megatron-core, both in stager's test extra), and as the MDS and LitData copies
+    of (a) and (b) when the peers can run: stager over each layout (``stager
+    index`` finds it; one window is one of the layout's samples) against
+    stager's own flat ``.bin`` figure of the same round and the layout's native
+    loader over the same files (``datasets`` with torch format and a shuffling
+    DataLoader; Megatron's ``IndexedDataset`` the same way; MosaicML and LitData
+    as in (a)), warm; and stager over each layout cold, through the same faulty
+    origin as (b).
+
 The peers live in a separate virtual environment made by ``--setup``
 (``benchmarks/.venv-peers``: torch 2.14.1 + torchvision, MosaicML streaming
 0.13, LitData 0.2.76, NumPy < 2.2, as they require); when a peer cannot be
@@ -173,6 +184,44 @@ def litdata_tokens(path: str):
     yield torch.from_numpy(np.fromfile(path, dtype="<u2").view(np.int16).copy()).view(torch.uint16)
 
 
+def hf_native_loader(spec: dict):
+    """Hugging Face's way: the saved folder, torch format, a shuffling DataLoader of batch B."""
+    import datasets
+    import torch
+    from torch.utils.data import DataLoader
+
+    ds = datasets.load_from_disk(spec["hf_local"]).with_format("torch")
+    loader = DataLoader(ds, batch_size=spec["batch"], shuffle=True, generator=torch.Generator().manual_seed(0))
+    return (batch["input_ids"] for batch in loader)
+
+
+def megatron_native_loader(spec: dict):
+    """Megatron's IndexedDataset per .bin/.idx pair, sequences drawn shuffled by a DataLoader of batch B."""
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from torch.utils.data import ConcatDataset, DataLoader, Dataset
+
+    class Sequences(Dataset):
+        def __init__(self, prefix: str) -> None:
+            self.indexed = IndexedDataset(prefix)
+
+        def __len__(self) -> int:
+            return len(self.indexed)
+
+        def __getitem__(self, i: int):
+            return torch.from_numpy(self.indexed[i].astype("int64"))
+
+    prefixes = sorted(str(p.with_suffix("")) for p in Path(spec["megatron_local"]).glob("*.idx"))
+    loader = DataLoader(ConcatDataset([Sequences(p) for p in prefixes]), batch_size=spec["batch"], shuffle=True,
+                        generator=torch.Generator().manual_seed(0))
+    return iter(loader)
+
+
+#: Layouts stager reads in place (c): folder under the origin's root, the native contender over it.
+LAYOUTS = {"hf": ("hf", "hf native"), "megatron": ("megatron", "megatron native"),
+           "mds": ("mds", "mosaic"), "litdata": ("lit", "litdata")}
+
+
 LOADERS = {
     "memmap": memmap_loader,
     "stager": lambda spec: stager_loader(spec, "direct"),
@@ -180,6 +229,9 @@ LOADERS = {
     "stager workers": lambda spec: stager_loader(spec, "workers"),
     "mosaic": mosaic_loader,
     "litdata": litdata_loader,
+    "hf native": hf_native_loader,
+    "megatron native": megatron_native_loader,
+    **{f"stager {layout}": (lambda spec: stager_loader(spec, "direct")) for layout in LAYOUTS},
 }
 
 
@@ -232,7 +284,9 @@ def run_cold(name: str, spec: dict) -> dict:
 def contender_main(name: str, phase: str, spec: dict) -> None:
     import torch  # noqa: F401 - imports take seconds on a busy machine: not part of any measurement
 
-    {"mosaic": lambda: __import__("streaming"), "litdata": lambda: __import__("litdata")}.get(
+    {"mosaic": lambda: __import__("streaming"), "litdata": lambda: __import__("litdata"),
+     "hf native": lambda: __import__("datasets"),
+     "megatron native": lambda: __import__("megatron.core.datasets.indexed_dataset")}.get(
         name, lambda: __import__("stager.torch"))()
     result = (run_warm if phase == "warm" else run_cold)(name, spec)
     print("RESULT " + json.dumps(result), flush=True)
@@ -263,6 +317,65 @@ def write_peer(kind: str, src: Path, out: Path, seq_len: int) -> None:
                  item_loader=TokensLoader(), num_workers=1, mode="overwrite")
     else:
         raise SystemExit(f"unknown peer format {kind}")
+
+
+def write_layout(kind: str, src: Path, out: Path, seq_len: int) -> None:
+    """The corpus as a Hugging Face folder or Megatron pairs, by their own writers, one window a sample."""
+    import numpy as np
+
+    shards = sorted(p for p in src.iterdir() if p.suffix == ".bin")
+    if kind == "hf":
+        import datasets
+
+        datasets.disable_progress_bars()
+        rows = np.concatenate([(t := np.fromfile(p, dtype="<u2"))[:len(t) // seq_len * seq_len].reshape(-1, seq_len)
+                               for p in shards])
+        features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("uint16"), length=seq_len)})
+        datasets.Dataset.from_dict({"input_ids": rows}, features=features).save_to_disk(str(out),
+                                                                                         num_shards=len(shards))
+    elif kind == "megatron":
+        import warnings
+
+        import torch
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+        out.mkdir(parents=True, exist_ok=True)
+        for path in shards:
+            tokens = np.fromfile(path, dtype="<u2")
+            builder = IndexedDatasetBuilder(str(out / f"{path.stem}_text_document.bin"), dtype=np.uint16)
+            for j in range(len(tokens) // seq_len):
+                builder.add_document(torch.from_numpy(tokens[j * seq_len:(j + 1) * seq_len].astype(np.int64)),
+                                     [seq_len])
+            builder.finalize(str(out / f"{path.stem}_text_document.idx"))
+    else:
+        raise SystemExit(f"unknown layout {kind}")
+
+
+def prepare_layouts(root: Path, corpus: Path, seq_len: int, peers: dict) -> dict[str, str | None]:
+    """Write (if missing) and index each layout under ``root``; None for a usable one, else why not."""
+    status: dict[str, str | None] = {}
+    for layout, (folder, native) in LAYOUTS.items():
+        where = root / folder
+        if layout in ("mds", "litdata"):
+            if peers.get(native):
+                status[layout] = f"its writer is the peer's ({peers[native]})"
+                continue
+        elif not where.exists():
+            done = subprocess.run([sys.executable, __file__, "--write-layout", layout, str(corpus), str(where),
+                                   "--seq-len", str(seq_len)], capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+            if done.returncode:
+                status[layout] = "writing it failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+                continue
+        if not (where / ".stager" / "manifest.parquet").exists():
+            done = subprocess.run([sys.executable, "-m", "stager", "index", str(where)], capture_output=True,
+                                  text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+            if done.returncode:
+                status[layout] = "stager index failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+                continue
+        status[layout] = None
+    return status
 
 
 # -- the orchestration ---------------------------------------------------------------------------
@@ -332,11 +445,14 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="kept afterwards (default: a temporary one, removed)")
     parser.add_argument("--contender"), parser.add_argument("--phase"), parser.add_argument("--spec")
     parser.add_argument("--write", nargs=3, metavar=("KIND", "SRC", "OUT"))
+    parser.add_argument("--write-layout", nargs=3, metavar=("KIND", "SRC", "OUT"))
     args = parser.parse_args()
     if args.contender:
         return contender_main(args.contender, args.phase, json.loads(args.spec))
     if args.write:
         return write_peer(args.write[0], Path(args.write[1]), Path(args.write[2]), args.seq_len)
+    if args.write_layout:
+        return write_layout(args.write_layout[0], Path(args.write_layout[1]), Path(args.write_layout[2]), args.seq_len)
     if args.setup:
         return setup()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="stager-iterate-"))
@@ -361,7 +477,8 @@ def compare(args: argparse.Namespace, work: Path) -> None:
           f"seq_len {args.seq_len}, batch {args.batch}; workdir {work}", flush=True)
     if not (corpus / ".stager" / "manifest.parquet").exists():
         write_corpus(corpus, shards, shard_tokens)
-    for stale in ("cache-warm", "cache-cold", "mosaic-cold", "lit-cold"):  # every run starts cold
+    warm_layouts = [f"cache-warm-{layout}" for layout in LAYOUTS]
+    for stale in ("cache-warm", "cache-cold", "mosaic-cold", "lit-cold", *warm_layouts):  # every run starts cold
         shutil.rmtree(work / stale, ignore_errors=True)
     for kind, folder in (("mosaic", "mds"), ("litdata", "lit")):
         if peers[kind] is None and not (root / folder / "index.json").exists():
@@ -370,7 +487,8 @@ def compare(args: argparse.Namespace, work: Path) -> None:
                                   env={**os.environ, "PYTHONPATH": str(REPO)})
             if done.returncode:
                 peers[kind] = "writing its format failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
-    for kind, why in peers.items():
+    layouts = prepare_layouts(root, corpus, args.seq_len, peers)
+    for kind, why in [*peers.items(), *layouts.items()]:
         if why:
             print(f"NOTE: {kind} cannot run here: {why}", flush=True)
     wanted = lambda name: (not only or name in only) and peers.get(name.split()[0], None) is None  # noqa: E731
@@ -391,8 +509,16 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         "stager per-sample": dict(base, source=str(corpus), cache=warm_cache),
         "mosaic": dict(base, mosaic_local=str(root / "mds")),
         "litdata": dict(base, lit_local=str(root / "lit")),
+        "hf native": dict(base, hf_local=str(root / "hf")),
+        "megatron native": dict(base, megatron_local=str(root / "megatron")),
     }
-    names = [name for name in specs if wanted(name)]
+    for layout, (folder, _native) in LAYOUTS.items():
+        specs[f"stager {layout}"] = dict(base, source=str(root / folder), cache=str(work / f"cache-warm-{layout}"))
+        if layouts[layout] is None and wanted(f"stager {layout}"):  # staged whole first, as the flat corpus
+            run_contender(f"stager {layout}", "warm", dict(specs[f"stager {layout}"], steps=epoch_steps - 60), 1800)
+    unusable = {f"stager {layout}" for layout, why in layouts.items() if why}
+    unusable |= {native for layout, (_, native) in LAYOUTS.items() if layout in ("hf", "megatron") and layouts[layout]}
+    names = [name for name in specs if wanted(name) and name not in unusable]
     rounds: list[dict[str, dict]] = []
     for r in range(args.rounds):  # each round starts with a different contender: the machine drifts
         order = names[r % len(names):] + names[:r % len(names)]
@@ -416,6 +542,29 @@ def compare(args: argparse.Namespace, work: Path) -> None:
           f"{args.rounds} rounds; vs memmap: the median of the rounds' ratios):")
     print(table(rows, ["contender", "seq/s", "vs memmap", "rounds' ratios", "notes"]), flush=True)
 
+    def ratio(name: str, other: str) -> str:
+        values = sorted(one[name]["sequences_per_s"] / one[other]["sequences_per_s"] for one in rounds
+                        if "error" not in one.get(name, {"error": 1}) and "error" not in one.get(other, {"error": 1}))
+        return f"{values[len(values) // 2]:.2f}x" if values else "n/a"
+
+    rows = []
+    for layout, (_folder, native) in LAYOUTS.items():
+        name = f"stager {layout}"
+        if name not in names:
+            rows.append([layout, "not run", "", "", layouts.get(layout) or "left out by --only"])
+            continue
+        ok = sorted((one[name] for one in rounds if "error" not in one[name]), key=lambda r: r["sequences_per_s"])
+        if not ok:
+            rows.append([layout, "failed", "", "", rounds[0][name]["error"]])
+            continue
+        native_wrong = sum(one[native].get("wrong", 0) for one in rounds if native in one and "error" not in one[native])
+        rows.append([layout, f"{ok[len(ok) // 2]['sequences_per_s']:,.0f}", ratio(name, "stager"),
+                     ratio(name, native) if native in names else f"n/a ({native} not run)",
+                     f"wrong samples: stager {sum(r['wrong'] for r in ok)}, native {native_wrong}"])
+    print(f"\n(c) layouts read in place, warm (same rounds; target: >= 0.9x stager's flat figure and ahead of "
+          f"the native loader):")
+    print(table(rows, ["layout", "stager seq/s", "vs stager flat", "vs native", "notes"]), flush=True)
+
     # (b) cold, through a slow and faulty origin; each loader makes batches in one worker process,
     # beside the training loop, as in training
     bandwidth = args.bandwidth_mb * 1e6
@@ -427,7 +576,8 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     with S3Server(root, access_key=KEYS[0], secret_key=KEYS[1], etag_hash="") as server:
         with FaultProxy(server.endpoint_url, plan, seed=1, credentials=server.credentials) as proxy:
             env = server.env(proxy.url)
-            for name in ("stager", "stager workers", "mosaic", "litdata"):
+            layout_runs = [f"stager {layout}" for layout in LAYOUTS if layouts[layout] is None]
+            for name in ("stager", "stager workers", "mosaic", "litdata", *layout_runs):
                 if not wanted(name):
                     continue
                 steps = args.cold_steps or shards * shard_tokens // args.seq_len // args.cold_batch - 4
@@ -435,7 +585,8 @@ def compare(args: argparse.Namespace, work: Path) -> None:
                             capacity=1 << 40, workers=1)
                 if name.startswith("stager"):
                     shutil.rmtree(work / "cache-cold", ignore_errors=True)  # each stager run starts cold
-                    spec.update(source="s3://corpus", cache=str(work / "cache-cold"),
+                    bucket = LAYOUTS[name.split()[1]][0] if name in layout_runs else "corpus"
+                    spec.update(source=f"s3://{bucket}", cache=str(work / "cache-cold"),
                                 storage_options=server.storage_options(proxy.url))
                 elif name == "mosaic":
                     spec.update(mosaic_remote="s3://mds", mosaic_local=str(work / "mosaic-cold"),

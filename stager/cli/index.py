@@ -9,6 +9,7 @@ import click
 from ..config import DEFAULT_BLOCK_SIZE, RetryConfig
 from ..manifest import MANIFEST_PATH, load_manifest_data, save_manifest
 from ..manifest.build import AUTO, TOKEN_DTYPES, IndexConfig, build_manifest, list_selected, plain_bin_files
+from ..manifest.layouts import FORMATS
 from ..store import open_store
 from . import cli
 from .options import BLOCK_SIZE, SECONDS, source_config, storage_option_flag
@@ -29,7 +30,10 @@ from .progress import byte_progress, run_async
                    "uint16 tokens, else a plain file (model weights, say); a dtype given outright must fit every "
                    ".bin file; 'none': .bin files are not token shards.")
 @click.option("--token-column", default="tokens", show_default=True, envvar="STAGER_TOKEN_COLUMN",
-              help="List column holding tokens in Parquet shards.")
+              help="Column holding tokens in Parquet and Arrow shards ('tokens' also finds 'input_ids').")
+@click.option("--format", "layout", type=click.Choice(FORMATS), default="auto", show_default=True,
+              envvar="STAGER_FORMAT",
+              help="The dataset's layout: found from its index files (auto), or this one, which must be there.")
 @click.option("--concurrency", type=click.IntRange(1, 1024), default=16, envvar="STAGER_CONCURRENCY",
               show_default=True, help="Block reads in flight.")
 @click.option("--retry-deadline", type=SECONDS, default=RetryConfig().deadline, show_default=True,
@@ -40,8 +44,8 @@ from .progress import byte_progress, run_async
               help="Write an empty manifest when SOURCE holds no files (else that is an error: a typo in the URL?).")
 @click.option("--check", is_flag=True, help="Only load and validate the existing manifest, and summarise it.")
 def index_command(source: str, storage_option: tuple[str, ...], block_size: int, include: tuple[str, ...],
-                  exclude: tuple[str, ...], dtype: str, token_column: str, concurrency: int, retry_deadline: float,
-                  dry_run: bool, allow_empty: bool, check: bool) -> None:
+                  exclude: tuple[str, ...], dtype: str, token_column: str, layout: str, concurrency: int,
+                  retry_deadline: float, dry_run: bool, allow_empty: bool, check: bool) -> None:
     """Hash every file under SOURCE and write SOURCE/.stager/manifest.parquet atomically.
 
     SOURCE is any fsspec URL (s3://bucket/prefix, gs://..., file:///path) or a local path.
@@ -50,7 +54,7 @@ def index_command(source: str, storage_option: tuple[str, ...], block_size: int,
     retry = RetryConfig(deadline=retry_deadline, request_timeout=min(RetryConfig().request_timeout, retry_deadline))
     config = IndexConfig(block_size=block_size, include=include, exclude=exclude,
                          bin_dtype=None if dtype == "none" else dtype, token_column=token_column,
-                         concurrency=concurrency, allow_empty=allow_empty)
+                         layout=layout, concurrency=concurrency, allow_empty=allow_empty)
 
     async def run() -> None:
         store = open_store(source_config(source, storage_option), retry=retry, concurrency=concurrency)
@@ -78,7 +82,11 @@ def index_command(source: str, storage_option: tuple[str, ...], block_size: int,
         finally:
             await store.close()
         where = "not written (dry run)" if dry_run else f"{store.url.rstrip('/')}/{MANIFEST_PATH}"
-        click.echo(f"indexed {len(manifest)} files, {manifest.total_bytes:,} bytes; manifest {where}")
+        token_shards = int((manifest.tokens >= 0).sum())
+        layouts = sorted({layout for layout in manifest.layouts if layout})
+        read_as = f" ({', '.join(layouts)})" if layouts else ""
+        click.echo(f"indexed {len(manifest)} files, {manifest.total_bytes:,} bytes, {token_shards} token shards"
+                   f"{read_as}; manifest {where}")
         plain = plain_bin_files(manifest) if config.bin_dtype == AUTO else []
         if plain:
             click.echo(f"note: {len(plain)} .bin file(s) are not whole uint16 tokens and are plain files, not token "

@@ -80,7 +80,7 @@ class TokenIterator:
         storage_options: fsspec options for ``source`` (endpoint, keys).
         manifest: the dataset's manifest, if already loaded (every consumer must use the same one).
         dtype: NumPy dtype of the yielded tokens (default: the shards' own, without a copy).
-        token_column: the list column of Parquet shards.
+        token_column: the token column of Parquet / Arrow shards whose manifest names none.
         prefetch_bytes: how far ahead of the cursor to stage (default: the fetch window, at
             least two shuffle windows; the engine caps it at half the cache).
         log_every: seconds between progress log lines (0: never).
@@ -430,7 +430,7 @@ class TokenIterator:
     def _open(self, link: StagingLink, shard: int, position: int) -> np.ndarray:
         m = self.manifest
         name = m.paths[shard]
-        reader = reader_for(name, token_column=self.token_column)
+        reader = reader_for(name, token_column=self.token_column, layout=m.layouts[shard], column=m.columns[shard])
         complete = self._cache_layout.complete_path(m.digest(shard))
         if complete.exists():
             # Staged already (a complete file exists only after its verified rename): read it

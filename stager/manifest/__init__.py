@@ -9,7 +9,11 @@ before parsing, inside the store's retry loop, so a body corrupted or cut in
 transit is fetched again rather than taken for the truth (:mod:`.load`). Then
 loading validates every entry (:mod:`.validate`) and refuses unknown format
 versions (:mod:`.parquet`). It is written atomically, so a reader sees the
-previous manifest or the new one, never half of one.
+previous manifest or the new one, never half of one. Datasets another loader
+wrote (MosaicML MDS, LitData, Hugging Face Arrow, Megatron, Parquet of any
+token column shape) are indexed in place by :mod:`.layouts`, which records in
+two optional columns (``layout``, ``column``) how the iterator reads each
+token shard.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ for the dataset's truth.
 Token metadata is filled in by format: ``.bin`` shards take the dtype given
 (their token count is size / itemsize; by default, ``auto``, uint16 where the
 size is a whole number of them, else the file is a plain file, no tokens),
-``.npy`` shards are read from their header, Parquet shards from the footer
-of their token column.
+``.npy`` shards are read from their header. Parquet files, and layouts with
+index files of their own (Megatron, Hugging Face Arrow, ...), are found and
+described by :mod:`.layouts`.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..config import DEFAULT_BLOCK_SIZE
-from ..errors import ConfigError, ManifestError, StagerError
+from ..errors import ConfigError, ManifestError, first_error
 from . import MANIFEST_DIR
+from .layouts import find_layouts
 from .model import Manifest, ShardEntry
 from .object_hash import hash_object, reads_expected
 
@@ -46,7 +48,8 @@ class IndexConfig:
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
     bin_dtype: str | None = AUTO  # dtype of flat .bin token shards; None: not token shards; AUTO: see above
-    token_column: str = "tokens"
+    token_column: str = "tokens"  # the default also finds Hugging Face's input_ids
+    layout: str = "auto"  # --format: which layout to look for (stager.manifest.layouts.FORMATS)
     concurrency: int = 16  # block reads in flight across all files
     read_ahead: int = 4  # blocks read ahead within one file
     allow_empty: bool = False  # an empty manifest when nothing is found (else ManifestError: a typo in the URL?)
@@ -114,14 +117,19 @@ async def build_manifest(
     """
     if objects is None:
         objects = await list_selected(store, config)
+    layouts = await find_layouts(store, {o.path: o.size for o in objects}, config.layout, config.token_column)
     if on_listed:  # the bytes to read: twice those of objects nothing vouches for
         on_listed(len(objects), sum(o.size * reads_expected(store, o) for o in objects))
     gate = asyncio.Semaphore(config.concurrency)
 
     async def hash_one(obj) -> ShardEntry:
         hashed = await hash_object(store, obj, config.block_size, gate=gate, read_ahead=config.read_ahead,
-                                   keep_tail=obj.path.endswith(".parquet"), on_bytes=on_bytes)
-        dtype, tokens = token_info(obj.path, obj.size, hashed.head, hashed.tail, config)
+                                   new_probe=lambda: layouts.probe(obj.path, obj.size), on_bytes=on_bytes)
+        info = await layouts.describe(obj.path, obj.size, hashed.probe)
+        if info is not None:
+            return ShardEntry(obj.path, obj.size, hashed.digest, hashed.blocks, info.dtype, info.tokens, obj.mtime,
+                              info.layout, info.column)
+        dtype, tokens = token_info(obj.path, obj.size, hashed.head, config)
         return ShardEntry(obj.path, obj.size, hashed.digest, hashed.blocks, dtype, tokens, obj.mtime)
 
     try:
@@ -132,26 +140,13 @@ async def build_manifest(
     return Manifest.from_entries((t.result() for t in tasks), config.block_size)
 
 
-def first_error(group: BaseExceptionGroup) -> BaseException:
-    """The first leaf of an exception group, preferring a :class:`~stager.errors.StagerError`."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop(0)
-        if isinstance(exc, BaseExceptionGroup):
-            stack[:0] = exc.exceptions
-        else:
-            leaves.append(exc)
-    return next((e for e in leaves if isinstance(e, StagerError)), leaves[0])
-
-
 def plain_bin_files(manifest: Manifest) -> list[str]:
     """The ``.bin`` files of ``manifest`` recorded as plain files (no token count)."""
     return [p for p, t in zip(manifest.paths, manifest.tokens.tolist()) if t < 0 and p.endswith(".bin")]
 
 
-def token_info(path: str, size: int, head: bytes, tail: bytes, config: IndexConfig) -> tuple[str | None, int | None]:
-    """The token dtype and count of a shard, from its name and its first and last bytes."""
+def token_info(path: str, size: int, head: bytes, config: IndexConfig) -> tuple[str | None, int | None]:
+    """The token dtype and count of a flat or ``.npy`` shard, from its name and its first bytes."""
     if path.endswith(".bin") and config.bin_dtype:
         dtype = AUTO_BIN_DTYPE if config.bin_dtype == AUTO else config.bin_dtype
         itemsize = np.dtype(dtype).itemsize
@@ -162,8 +157,6 @@ def token_info(path: str, size: int, head: bytes, tail: bytes, config: IndexConf
         return dtype, size // itemsize
     if path.endswith(".npy"):
         return _npy_info(path, head)
-    if path.endswith(".parquet"):
-        return _parquet_info(path, size, tail, config.token_column)
     return None, None
 
 
@@ -178,27 +171,3 @@ def _npy_info(path: str, head: bytes) -> tuple[str | None, int | None]:
     if dtype.name not in TOKEN_DTYPES or dtype.byteorder == ">":
         return None, None
     return dtype.name, int(np.prod(shape))
-
-
-def _parquet_info(path: str, size: int, tail: bytes, column: str) -> tuple[str | None, int | None]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.read_metadata(pa.BufferReader(tail))
-    except (pa.ArrowException, OSError) as exc:
-        if len(tail) >= size:
-            raise ManifestError(f"{path}: not a readable Parquet file: {exc}") from exc
-        return None, None  # footer larger than what we kept: not a token shard we can describe
-    schema = meta.schema.to_arrow_schema()
-    if column not in schema.names:
-        return None, None
-    field_type = schema.field(column).type
-    if not (pa.types.is_list(field_type) or pa.types.is_large_list(field_type)):
-        return None, None
-    value_type = str(field_type.value_type)
-    if value_type not in TOKEN_DTYPES:
-        return None, None
-    leaf = next(i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] == column)
-    tokens = sum(meta.row_group(g).column(leaf).num_values for g in range(meta.num_row_groups))
-    return value_type, tokens

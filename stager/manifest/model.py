@@ -12,7 +12,16 @@ blocks    list<uint64>              xxh3-64 of each ``block_size`` block
 dtype     string, nullable          token dtype for token shards (uint16, ...)
 tokens    int64, nullable           token count for token shards
 mtime     float64, nullable         seconds since the epoch, from the origin
+layout    string, optional          how a token shard is read (:data:`LAYOUTS`)
+column    string, optional          the token column of Parquet / Arrow shards
 ========  ========================  ==============================================
+
+``layout`` and ``column`` are optional: a manifest written before they existed
+(or one without any shard that needs them) lacks them, and then every shard
+is read by its file name's suffix, as before. A token shard's layout tells
+the iterator which reader opens it: a Megatron ``.bin`` is read as flat
+tokens with the dtype from its ``.idx``, a Hugging Face ``.arrow`` file by its
+token column, and so on.
 """
 
 from __future__ import annotations
@@ -43,6 +52,26 @@ SCHEMA = pa.schema(
     ]
 )
 
+#: Columns a manifest may carry or lack (older manifests lack them): read when present.
+OPTIONAL_FIELDS = (
+    pa.field("layout", pa.string()),
+    pa.field("column", pa.string()),
+)
+
+#: What the ``layout`` column may say: the format the iterator reads a token shard as.
+LAYOUTS = frozenset({"flat", "npy", "parquet", "arrow", "megatron", "litdata", "mds"})
+
+
+def attach_optional(table: pa.Table, source: pa.Table) -> pa.Table:
+    """``table`` with the optional columns of ``source`` that it holds, cast to their types."""
+    for field in OPTIONAL_FIELDS:
+        if field.name in source.schema.names and field.name not in table.schema.names:
+            column = source.column(field.name)
+            if column.type != field.type:
+                column = column.cast(field.type)
+            table = table.append_column(field, column)
+    return table
+
 
 @dataclass(frozen=True, slots=True)
 class ShardEntry:
@@ -55,6 +84,8 @@ class ShardEntry:
     dtype: str | None = None
     tokens: int | None = None
     mtime: float | None = None
+    layout: str | None = None  # a token shard's reader (LAYOUTS); None: by its suffix
+    column: str | None = None  # the token column of a Parquet / Arrow shard
 
 
 class Manifest:
@@ -85,6 +116,10 @@ class Manifest:
             },
             schema=SCHEMA,
         )
+        for field in OPTIONAL_FIELDS:  # only when some shard needs them: older readers never see them
+            values = [getattr(e, field.name) for e in rows]
+            if any(v is not None for v in values):
+                table = table.append_column(field, pa.array(values, field.type))
         return cls(table, block_size)
 
     def __len__(self) -> int:
@@ -102,6 +137,8 @@ class Manifest:
             dtype=self.dtypes[index],
             tokens=None if self.tokens[index] < 0 else int(self.tokens[index]),
             mtime=None if np.isnan(self.mtimes[index]) else float(self.mtimes[index]),
+            layout=self.layouts[index],
+            column=self.columns[index],
         )
 
     def __iter__(self) -> Iterator[ShardEntry]:
@@ -124,6 +161,21 @@ class Manifest:
     def tokens(self) -> np.ndarray:
         """Token counts, -1 where the shard is not a token shard."""
         return self.table.column("tokens").fill_null(-1).to_numpy()
+
+    @cached_property
+    def layouts(self) -> list[str | None]:
+        """Each shard's layout (None: read by its suffix), from the optional ``layout`` column."""
+        return self._optional("layout")
+
+    @cached_property
+    def columns(self) -> list[str | None]:
+        """Each shard's token column (None: the reader's default), from the optional ``column`` column."""
+        return self._optional("column")
+
+    def _optional(self, name: str) -> list:
+        if name in self.table.schema.names:
+            return self.table.column(name).to_pylist()
+        return [None] * len(self)
 
     @cached_property
     def mtimes(self) -> np.ndarray:

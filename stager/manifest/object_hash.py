@@ -34,7 +34,7 @@ import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 import xxhash
 
@@ -57,7 +57,7 @@ class HashedObject:
     digest: str  # xxh3-128, hex
     blocks: tuple[int, ...]  # xxh3-64 of each block
     head: bytes  # the first HEAD_BYTES bytes
-    tail: bytes  # the last two blocks, when asked for (Parquet's footer)
+    probe: Any = None  # what ``new_probe`` made for the pass whose bytes were taken, fed every block
 
 
 def trusted(store) -> bool:
@@ -77,7 +77,7 @@ async def hash_object(
     *,
     gate: asyncio.Semaphore,
     read_ahead: int = 4,
-    keep_tail: bool = False,
+    new_probe: Callable[[], Any] | None = None,
     on_bytes: Callable[[int], None] | None = None,
 ) -> HashedObject:
     """Hash ``obj`` (an :class:`~stager.store.ObjectInfo` of ``store``) by the rules of the module docstring.
@@ -88,7 +88,9 @@ async def hash_object(
         block_size: the manifest's block size.
         gate: bounds block reads in flight (shared by every object hashed at once).
         read_ahead: blocks read ahead within the object.
-        keep_tail: keep the last two blocks (a Parquet footer) in :attr:`HashedObject.tail`.
+        new_probe: makes an object with ``feed(bytes)`` (a layout's check of the file, see
+            :mod:`.layouts`), or None; a new one for each pass, fed that pass's blocks in
+            order, so the one returned has seen exactly the bytes the digests describe.
         on_bytes: called with each block's size as it is read.
 
     Raises:
@@ -99,10 +101,10 @@ async def hash_object(
     where = f"{store.url.rstrip('/')}/{obj.path}"
     for _ in range(CHANGED_RETRIES):
         with_md5 = obj.md5 is not None and not trusted(store)
-        first = await _read_pass(store, obj, block_size, gate, read_ahead, keep_tail, with_md5, None, on_bytes)
+        first = await _read_pass(store, obj, block_size, gate, read_ahead, new_probe, with_md5, None, on_bytes)
         if trusted(store) or (with_md5 and first.md5 == obj.md5):
             return first.hashed
-        second = await _read_pass(store, obj, block_size, gate, read_ahead, keep_tail, with_md5,
+        second = await _read_pass(store, obj, block_size, gate, read_ahead, new_probe, with_md5,
                                   first.hashed.blocks, on_bytes)
         if not with_md5 or second.md5 == obj.md5:
             return second.hashed
@@ -124,13 +126,15 @@ class _Pass:
     md5: str | None
 
 
-async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_ahead: int, keep_tail: bool,
+async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_ahead: int,
+                     new_probe: Callable[[], Any] | None,
                      with_md5: bool, agree_with: tuple[int, ...] | None,
                      on_bytes: Callable[[int], None] | None) -> _Pass:
     """One pass over ``obj``'s blocks in order, a few read ahead; with ``agree_with`` (an earlier
     pass's block digests), each block is read until two reads agree."""
     hasher = StreamHasher(block_size)
     md5 = hashlib.md5(usedforsecurity=False) if with_md5 else None
+    probe = new_probe() if new_probe is not None else None
     nblocks = block_count(obj.size, block_size)
 
     async def read_block(index: int) -> bytes:
@@ -152,9 +156,11 @@ async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_
         hasher.update(data)
         if md5 is not None:
             md5.update(data)
+        if probe is not None:
+            probe.feed(data)
 
     pending: list[asyncio.Future[bytes]] = []
-    head = tail = b""
+    head = b""
     try:
         for index in range(nblocks):
             while len(pending) < read_ahead and index + len(pending) < nblocks:
@@ -166,8 +172,6 @@ async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_
                 feed(data)
             if index == 0:
                 head = data[:HEAD_BYTES]
-            if keep_tail:
-                tail = (tail + data)[-(2 * block_size):]
             if on_bytes:
                 on_bytes(len(data))
     finally:
@@ -179,4 +183,4 @@ async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_
         raise ManifestError(f"{store.url.rstrip('/')}/{obj.path}: size changed while indexing "
                             f"({obj.size} -> {hasher.size})")
     digest, blocks = hasher.finish()
-    return _Pass(HashedObject(obj.size, digest, tuple(blocks), head, tail), md5.hexdigest() if md5 else None)
+    return _Pass(HashedObject(obj.size, digest, tuple(blocks), head, probe), md5.hexdigest() if md5 else None)

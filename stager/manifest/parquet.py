@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ManifestError
-from .model import FORMAT_VERSION, LEGACY_FORMAT_VERSION, SCHEMA, Manifest
+from .model import FORMAT_VERSION, LEGACY_FORMAT_VERSION, OPTIONAL_FIELDS, SCHEMA, Manifest, attach_optional
 from .seal import DIGEST_KEY, UNSEALED_VALUE, check_seal, seal
 from .validate import CastOptions, call_function, validate_table
 
@@ -92,15 +92,16 @@ def parse_manifest(data: bytes | memoryview, name: str, *, sealed: bool) -> Mani
     if missing:
         raise ManifestError(f"{name}: manifest lacks column(s) {', '.join(missing)}")
     try:
-        table = pf.read(columns=SCHEMA.names)
+        optional = [f.name for f in OPTIONAL_FIELDS if f.name in names]
+        table = pf.read(columns=SCHEMA.names + optional)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise ManifestError(f"{name}: manifest is corrupt: {exc}") from exc
     try:
-        table = _cast(table)
+        table = attach_optional(_cast(table.select(SCHEMA.names)), table)
     except (pa.ArrowException, ValueError) as exc:
         raise ManifestError(f"{name}: manifest columns have the wrong types: {exc}") from exc
     try:
-        for column in ("path", "dtype"):  # Parquet does not check UTF-8: a corrupt path must not get further
+        for column in ("path", "dtype", *optional):  # Parquet does not check UTF-8: a corrupt path must not get further
             table.column(column).validate(full=True)
     except (pa.ArrowException, ValueError) as exc:
         raise ManifestError(f"{name}: manifest is corrupt: {exc}") from exc

@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover - a pyarrow that moved them
 from ..errors import ManifestError
 from ..hashing import block_count
 from ..paths import BAD_PATH_PATTERN, BAD_PATH_PROBLEM
+from .model import LAYOUTS
 
 MAX_SHARD_SIZE = 1 << 50  # 1 PiB: anything larger is a corrupt manifest, not a shard
 MIN_BLOCK_SIZE = 4096
@@ -85,6 +86,12 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
         row = _first(tok * itemsize > sizes * 8 + 64)  # tokens cannot outnumber the bytes (parquet compresses, so slack)
         if row is not None:
             raise bad(row, f"token count {int(tok[row])} does not fit in {int(sizes[row])} bytes")
+    if "layout" in table.schema.names:
+        layouts = table.column("layout")
+        known = call_function("is_in", [layouts], SetLookupOptions(pa.array(sorted(LAYOUTS))))
+        row = _first(call_function("and", [call_function("invert", [known]), call_function("is_valid", [layouts])]))
+        if row is not None:
+            raise bad(row, f"unknown layout {layouts[row].as_py()!r}")
     if dtypes.null_count < table.num_rows:
         known = call_function("is_in", [dtypes], SetLookupOptions(pa.array(sorted(KNOWN_DTYPES))))
         unknown = call_function("invert", [call_function("coalesce", [known, pa.scalar(True)])])

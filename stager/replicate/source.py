@@ -21,6 +21,7 @@ A manifest found at the source stays the truth: failing there is right.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,8 +176,8 @@ async def reindex_object(src: Store, path: str, index: IndexConfig) -> ShardEntr
     info = await src.info(path)
     try:
         hashed = await hash_object(src, info, index.block_size, gate=asyncio.Semaphore(index.read_ahead),
-                                   read_ahead=index.read_ahead, keep_tail=path.endswith(".parquet"))
-        dtype, tokens = token_info(path, info.size, hashed.head, hashed.tail, index)
+                                   read_ahead=index.read_ahead)
+        dtype, tokens = token_info(path, info.size, hashed.head, index)  # a layout's facts: see keep_reindexed
     except ManifestError as exc:  # it changed size while read: a per-object failure, not the run's
         raise CorruptData(str(exc)) from exc
     return ShardEntry(path, info.size, hashed.digest, hashed.blocks, dtype, tokens, info.mtime)
@@ -185,12 +186,23 @@ async def reindex_object(src: Store, path: str, index: IndexConfig) -> ShardEntr
 async def keep_reindexed(source: SourceManifest, fixed: dict[str, ShardEntry], name: str) -> SourceManifest:
     """``source`` with the entries of ``fixed`` replacing theirs, kept again in the state directory."""
     manifest = decode_manifest(source.data, name)
-    entries = [fixed.get(entry.path, entry) for entry in manifest]
+    entries = [_repaired(entry, fixed[entry.path]) if entry.path in fixed else entry for entry in manifest]
     manifest = Manifest.from_entries(entries, manifest.block_size)
     data = encode_manifest(manifest)
     if source.kept is not None:
         await asyncio.to_thread(_keep_index, source.kept, data)
     return SourceManifest(manifest, data, indexed=True, kept=source.kept)
+
+
+def _repaired(old: ShardEntry, new: ShardEntry) -> ShardEntry:
+    """``new``'s bytes; token facts from ``old`` where a layout (Parquet, Megatron, ...) found them.
+
+    A layout describes a file with the help of its dataset's other files (an ``.idx``, an
+    ``index.json``), which one object hashed again does not see; its bytes were what was wrong.
+    """
+    if old.layout is None:
+        return new
+    return dataclasses.replace(old, size=new.size, digest=new.digest, blocks=new.blocks, mtime=new.mtime)
 
 
 def _read_if_present(path: Path) -> bytes | None:

@@ -98,3 +98,60 @@ def test_a_flat_shard_no_one_has_read_yet_is_mapped_in_huge_pages(tmp_path):
     if _pmd_mapped_kib(path) == 0:
         pytest.skip("this kernel's page cache gives this filesystem no huge pages")
     assert _pmd_mapped_kib(path) >= 2048
+
+
+def test_the_manifests_layout_chooses_the_reader_whatever_the_suffix(tmp_path):
+    from stager.iterator.readers import ArrowReader, FlatReader, ParquetReader
+
+    assert isinstance(reader_for("corpus_text_document.bin", layout="megatron"), FlatReader)
+    reader = reader_for("data-00000-of-00001.arrow", layout="arrow", column="input_ids")
+    assert isinstance(reader, ArrowReader) and reader.column == "input_ids"
+    assert reader_for("x.parquet", token_column="ids").column == "ids"
+    assert isinstance(reader_for("x.parquet", layout="parquet", column="input_ids"), ParquetReader)
+    assert reader_for("x.parquet", layout="parquet", column="input_ids", token_column="ids").column == "input_ids"
+    with pytest.raises(ConfigError, match="no token reader for layout 'zip'"):
+        reader_for("x.bin", layout="zip")
+
+
+def test_an_arrow_stream_reads_as_its_token_column_and_refuses_a_truncated_one(tmp_path):
+    import pyarrow as pa
+
+    path = tmp_path / "blob"
+    column = pa.array([[1, 2], [], None, [3, 4, 5]], pa.list_(pa.int32()))
+    with pa.ipc.new_stream(str(path), pa.schema([("input_ids", column.type)])) as writer:
+        writer.write_batch(pa.record_batch([column], names=["input_ids"]))
+        writer.write_batch(pa.record_batch([column], names=["input_ids"]))
+    array = reader_for("d.arrow", layout="arrow", column="input_ids").open(path, "d.arrow", "int32", 10)
+    assert array.tolist() == [1, 2, 3, 4, 5] * 2 and array.dtype == np.int32
+    path.write_bytes(path.read_bytes()[:60])
+    with pytest.raises(CorruptData, match="d.arrow: "):
+        reader_for("d.arrow", layout="arrow", column="input_ids").open(path, "d.arrow", "int32", 10)
+
+
+def test_litdata_and_mds_readers_refuse_a_cache_file_that_is_not_what_the_manifest_says(tmp_path):
+    from pathlib import Path
+
+    fixtures = Path(__file__).resolve().parents[1] / "formats" / "fixtures"
+    chunk = (fixtures / "litdata" / "data" / "chunk-0-0.bin").read_bytes()
+    path = tmp_path / "blob"
+    path.write_bytes(chunk)
+    tokens = reader_for("chunk-0-0.bin", layout="litdata").open(path, "chunk-0-0.bin", "int32", 1194)
+    assert tokens.dtype == np.int32 and not tokens.flags.writeable
+    base = tokens
+    while getattr(base, "base", None) is not None and not isinstance(base, memoryview):
+        base = base.base
+    assert isinstance(base, memoryview)  # a view of the map, not a copy
+    with pytest.raises(CorruptData, match="chunk-0-0.bin: holds 1194 tokens, the manifest says 1000"):
+        reader_for("chunk-0-0.bin", layout="litdata").open(path, "chunk-0-0.bin", "int32", 1000)
+    path.write_bytes(b"\xff\xff\xff\x00" + chunk[4:])
+    with pytest.raises(CorruptData, match="chunk-0-0.bin: its header says"):
+        reader_for("chunk-0-0.bin", layout="litdata").open(path, "chunk-0-0.bin", "int32", 1194)
+
+    shard = (fixtures / "mds" / "fixed" / "shard.00000.mds").read_bytes()
+    path.write_bytes(shard)
+    tokens = reader_for("shard.00000.mds", layout="mds", column="tokens").open(path, "s.mds", "uint16", 38 * 64)
+    expected = np.load(fixtures / "mds" / "expected.npz")["fixed/shard.00000.mds"]
+    assert np.array_equal(tokens, expected) and not tokens.flags.writeable
+    path.write_bytes(shard[:len(shard) // 2])
+    with pytest.raises(CorruptData, match="s.mds: not a readable MDS shard"):
+        reader_for("shard.00000.mds", layout="mds", column="tokens").open(path, "s.mds", "uint16", 38 * 64)

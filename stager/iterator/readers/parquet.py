@@ -1,8 +1,10 @@
-"""Parquet token files: a list column of token ids (``tokens`` by default), one row per document.
+"""Parquet token files: a token column (``tokens`` by default) of lists of integers, one row per document.
 
-The file's memory map is read as an Arrow buffer and only the token column
-is decoded; the flattened list values of each row group are Arrow buffers viewed by NumPy
-without a copy. Parquet pages are compressed, so decoding produces those
+The column may be a ``list``, ``large_list`` or ``fixed_size_list`` of any
+integer type (the rules in :mod:`stager.manifest.layouts.columns`, shared
+with the index). The file's memory map is read as an Arrow buffer and only
+the token column is decoded; the flattened values of each row group are Arrow
+buffers viewed by NumPy without a copy. Parquet pages are compressed, so decoding produces those
 buffers once per open; several row groups are joined into one array.
 """
 
@@ -13,7 +15,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import CorruptData
+from ...manifest.layouts.columns import flat_values
 from .base import ShardReader, Source, as_buffer, check_tokens
+
+
+def joined(chunks, name: str, column: str, dtype: str | None) -> np.ndarray:
+    """The tokens of every chunk of a token column, rows concatenated (no copy for a single chunk)."""
+    parts = [part for part in (flat_values(chunk, name, column) for chunk in chunks) if len(part)]
+    if not parts:
+        return np.zeros(0, np.dtype(dtype or "uint32"))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 class ParquetReader(ShardReader):
@@ -27,19 +38,4 @@ class ParquetReader(ShardReader):
             table = pq.read_table(pa.BufferReader(pa.py_buffer(as_buffer(source, name))), columns=[self.column])
         except (pa.ArrowException, OSError, KeyError) as exc:
             raise CorruptData(f"{name}: cannot read column {self.column!r}: {exc}") from exc
-        column = table.column(self.column)
-        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-            raise CorruptData(f"{name}: column {self.column!r} is {column.type}, not a list of token ids")
-        if column.null_count:
-            raise CorruptData(f"{name}: column {self.column!r} has null documents")
-        parts = []
-        for chunk in column.chunks:
-            values = chunk.flatten()
-            if values.null_count:
-                raise CorruptData(f"{name}: column {self.column!r} has null token ids")
-            parts.append(values.to_numpy(zero_copy_only=True))
-        if not parts:
-            array = np.zeros(0, np.dtype(dtype or "uint32"))
-        else:
-            array = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return check_tokens(array, name, dtype, tokens)
+        return check_tokens(joined(table.column(self.column).chunks, name, self.column, dtype), name, dtype, tokens)

@@ -1,0 +1,89 @@
+"""What a layout module gives ``stager index``: the files it claims, and their token facts.
+
+A layout (Megatron's ``.bin``/``.idx`` pairs, a Hugging Face ``save_to_disk``
+folder, ...) is found from the listing and the layout's own index files,
+read before the data is hashed. Each data file it claims may get a
+:class:`Probe`, fed the file's bytes in order as they are hashed (so every
+byte still crosses the network once), that checks the file against the
+layout's index and counts its tokens. :meth:`DatasetLayout.describe` then
+says what the manifest records: dtype, token count, reader and column.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import posixpath
+from dataclasses import dataclass
+
+from ...errors import ManifestError
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """What the manifest records of one shard for the iterator."""
+
+    dtype: str | None = None
+    tokens: int | None = None
+    layout: str | None = None  # the reader (stager.manifest.model.LAYOUTS); None: by suffix
+    column: str | None = None
+
+
+NOT_TOKENS = TokenInfo()
+
+
+class Probe(abc.ABC):
+    """Reads one shard's bytes as they are hashed, in order, once."""
+
+    @abc.abstractmethod
+    def feed(self, data: bytes) -> None:
+        """The next bytes of the shard."""
+
+    @abc.abstractmethod
+    def finish(self) -> TokenInfo:
+        """What the shard holds, once every byte was fed.
+
+        Raises:
+            ManifestError: the shard disagrees with its layout's index (names the file).
+        """
+
+
+class DatasetLayout(abc.ABC):
+    """The files of one layout found in a listing."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def claims(self, path: str) -> bool:
+        """Whether this layout describes the file at ``path``."""
+
+    def probe(self, path: str, size: int) -> Probe | None:
+        """A probe to feed the bytes of ``path`` to while hashing it, if this layout needs one."""
+        return None
+
+    @abc.abstractmethod
+    async def describe(self, path: str, size: int, probe: Probe | None) -> TokenInfo:
+        """The token facts of a claimed file (``NOT_TOKENS`` for the layout's index files).
+
+        Raises:
+            ManifestError: the file disagrees with the layout's index (names the file).
+        """
+
+
+def read_index_json(name: str, data: bytes, sizes: dict[str, int], folder: str, data_files) -> object | None:
+    """The content of an ``index.json``, or None when it is not JSON and nothing beside it looks like data.
+
+    LitData and MDS both name their index ``index.json``; other tools use the name too. An
+    unreadable one is refused only when files of the layout lie beside it (``data_files``: a
+    predicate on a file name), where leaving it out would read those files as something else.
+
+    Raises:
+        ManifestError: it is not JSON, and data of the layout lies beside it.
+    """
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        beside = [p for p in sizes if posixpath.dirname(p) == folder and data_files(posixpath.basename(p))]
+        if beside:
+            raise ManifestError(f"{name}: not valid JSON ({exc}), beside {beside[0]}") from exc
+        return None

@@ -1,0 +1,98 @@
+"""MosaicML Streaming (MDS) datasets, from fixtures written by its own MDSWriter (fixtures/make_mds.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stager.errors import CorruptData
+
+from .golden import assert_every_sample_once, epoch, index, refused
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "mds"
+SEQ = 64
+EXPECTED = dict(np.load(FIXTURE / "expected.npz"))  # MDSReader's samples, shard by shard, concatenated
+
+
+def copy(tmp_path, name) -> Path:
+    data = tmp_path / name
+    shutil.copytree(FIXTURE / name, data)
+    return data
+
+
+def test_one_window_is_one_mds_sample_beside_other_columns(tmp_path, capsys):
+    data = copy(tmp_path, "fixed")
+    manifest = index(data, capsys)
+    shards = [i for i, p in enumerate(manifest.paths) if p.endswith(".mds")]
+    assert len(shards) == 4 and manifest.tokens[manifest.index_of("index.json")] == -1
+    assert {(manifest.layouts[i], manifest.dtypes[i], manifest.columns[i]) for i in shards} == {("mds", "uint16", "tokens")}
+    native = [row for key, tokens in EXPECTED.items() if key.startswith("fixed/") for row in tokens.reshape(-1, SEQ)]
+    assert len(native) == 150
+    assert_every_sample_once(epoch(data, tmp_path / "cache", SEQ), native)
+
+
+def test_documents_of_any_length_concatenate_within_each_shard(tmp_path, capsys):
+    data = copy(tmp_path, "documents")
+    manifest = index(data, capsys, "--format", "mds")
+    seq = 10
+    native = []
+    for key, stream in EXPECTED.items():
+        if key.startswith("documents/"):
+            assert int(manifest.tokens[manifest.index_of(key.split("/", 1)[1])]) == len(stream)
+            native += [stream[i:i + seq] for i in range(0, len(stream) - seq + 1, seq)]
+    assert_every_sample_once(epoch(data, tmp_path / "cache", seq), native)
+
+
+def test_a_truncated_shard_a_wrong_hash_and_a_disagreeing_index_are_refused(tmp_path, capsys):
+    data = copy(tmp_path, "fixed")
+    shard = data / "shard.00001.mds"
+    good = shard.read_bytes()
+    shard.write_bytes(good[:-100])
+    assert "shard.00001.mds: 5840 bytes, " in refused(data, capsys)
+    bad = bytearray(good)
+    bad[-1] ^= 1  # one token changed: the layout's own sha1 says so
+    shard.write_bytes(bytes(bad))
+    assert "shard.00001.mds: its sha1 is " in refused(data, capsys)
+    shard.write_bytes(good)
+    index_json = json.loads((data / "index.json").read_text())
+    index_json["shards"][2]["samples"] += 1  # the failure MDS users meet mid-epoch as an IndexError
+    (data / "index.json").write_text(json.dumps(index_json))
+    line = refused(data, capsys)
+    assert "shard.00002.mds: disagrees with " in line and "holds 38 samples, " in line
+    index_json["shards"][2]["samples"] -= 1
+    index_json["shards"][0]["zip_data"] = {"basename": "shard.00000.mds.zstd", "bytes": 10, "hashes": {}}
+    (data / "index.json").write_text(json.dumps(index_json))
+    assert "compressed MDS shards (shard.00000.mds.zstd) are not supported yet" in refused(data, capsys)
+    index_json["shards"][0]["zip_data"] = None
+    (data / "index.json").write_text(json.dumps(index_json))
+    assert "no token column input_ids" in refused(data, capsys, "--token-column", "input_ids")
+
+
+def test_an_offset_table_that_points_past_its_shard_is_refused(tmp_path, capsys):
+    data = copy(tmp_path, "documents")
+    index_json = json.loads((data / "index.json").read_text())
+    for shard in index_json["shards"]:
+        shard["raw_data"]["hashes"] = {}
+    shard = data / "shard.00000.mds"
+    bad = bytearray(shard.read_bytes())
+    count = struct.unpack_from("<I", bad, 0)[0]
+    struct.pack_into("<I", bad, 4 * (count + 1), len(bad) + 40)  # the last sample ends past the file
+    shard.write_bytes(bytes(bad))
+    (data / "index.json").write_text(json.dumps(index_json))
+    assert "shard.00000.mds: its samples end at byte" in refused(data, capsys)
+
+
+def test_a_shard_changed_after_indexing_is_refused_at_stage_time_naming_it(tmp_path, capsys):
+    data = copy(tmp_path, "fixed")
+    index(data, capsys)
+    shard = data / "shard.00002.mds"
+    bad = bytearray(shard.read_bytes())
+    bad[-3] ^= 0x40  # same size, other bytes: the manifest's digests catch it before any sample is cut
+    shard.write_bytes(bytes(bad))
+    with pytest.raises(CorruptData, match="shard.00002.mds"):
+        epoch(data, tmp_path / "cache", SEQ, shuffle=False)
