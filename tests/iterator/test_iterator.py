@@ -152,6 +152,9 @@ def test_a_state_saved_while_batches_are_made_ahead_resumes_exactly(corpus, tmp_
             first.append(batch[:, 0].tolist())
             time.sleep(0.004)  # the step's compute: the helper makes the next batches meanwhile
             if len(first) == 12:
+                deadline = time.monotonic() + 10  # a loaded machine: give the helper its time, bounded
+                while (it._ahead is None or not it._ahead._ready) and time.monotonic() < deadline:
+                    time.sleep(0.01)  # still the step's compute, only longer
                 queued = len(it._ahead._ready) if it._ahead is not None else 0
                 state = it.state_dict()
                 break

@@ -88,11 +88,10 @@ def test_stateful_loader_resumed_in_a_new_process_after_a_kill_equals_the_uninte
     assert first + second == whole
 
 
-def test_resume_at_world_size_three_from_a_loader_state_saved_at_two(corpus, tmp_path):
-    data, manifest = corpus
-    cache = str(tmp_path / "cache")
+def saved_at_world_two(data, cache: str) -> tuple[list, list]:
+    """Each rank of a world of 2 takes 5 steps with 2 workers: what they read, and their loader states."""
     seen, states = [], []
-    for rank in range(2):  # each rank of the old job takes 5 steps, with 2 workers each
+    for rank in range(2):
         dl = loader(make(str(data), cache, rank=rank, world_size=2))
         for step, batch in enumerate(dl):
             seen += firsts(batch)
@@ -100,6 +99,13 @@ def test_resume_at_world_size_three_from_a_loader_state_saved_at_two(corpus, tmp
                 break
         states.append(dl.state_dict())
         del dl
+    return seen, states
+
+
+def test_resume_at_world_size_three_from_a_loader_state_saved_at_two(corpus, tmp_path):
+    data, manifest = corpus
+    cache = str(tmp_path / "cache")
+    seen, states = saved_at_world_two(data, cache)
     for rank in range(3):  # the new job: 3 ranks, 1 worker each, from rank 0's checkpoint
         ds = make(str(data), cache, rank=rank, world_size=3)
         ds.load_state_dict(states[0])
@@ -111,15 +117,7 @@ def test_resume_at_world_size_three_from_a_loader_state_saved_at_two(corpus, tmp
 def test_resume_at_world_size_three_through_each_new_loaders_load_state_dict(corpus, tmp_path):
     data, manifest = corpus
     cache = str(tmp_path / "cache")
-    seen, states = [], []
-    for rank in range(2):  # each rank of the old job takes 5 steps, with 2 workers each
-        dl = loader(make(str(data), cache, rank=rank, world_size=2))
-        for step, batch in enumerate(dl):
-            seen += firsts(batch)
-            if step == 4:
-                break
-        states.append(dl.state_dict())
-        del dl
+    seen, states = saved_at_world_two(data, cache)
     for rank in range(3):  # the new job: 3 ranks, the same 2 workers, the standard call with rank 0's state
         dl = loader(make(str(data), cache, rank=rank, world_size=3))
         dl.load_state_dict(states[0])
@@ -131,15 +129,7 @@ def test_resume_at_world_size_three_through_each_new_loaders_load_state_dict(cor
 def test_world_two_to_three_and_two_workers_to_none_through_stagers_loader(corpus, tmp_path):
     data, manifest = corpus
     cache = str(tmp_path / "cache")
-    seen, states = [], []
-    for rank in range(2):  # each rank of the old job takes 5 steps, with 2 workers each
-        dl = loader(make(str(data), cache, rank=rank, world_size=2))
-        for step, batch in enumerate(dl):
-            seen += firsts(batch)
-            if step == 4:
-                break
-        states.append(dl.state_dict())
-        del dl
+    seen, states = saved_at_world_two(data, cache)
     for rank in range(3):  # the new job: 3 ranks without workers, the standard call with rank 0's state
         dl = StagerLoader(make(str(data), cache, rank=rank, world_size=3), batch_size=BATCH, num_workers=0)
         dl.load_state_dict(states[0])
