@@ -34,7 +34,8 @@ def fetch_flags(fn: Callable) -> Callable:
     fn = click.option("--bandwidth", envvar="STAGER_BANDWIDTH", default=None,
                       help="Cap on origin bandwidth, e.g. 200MB/s (default: unlimited).")(fn)
     fn = click.option("--concurrency", type=click.IntRange(1, 4096), default=FetchConfig().concurrency,
-                      envvar="STAGER_CONCURRENCY", show_default=True, help="Block requests in flight.")(fn)
+                      envvar="STAGER_CONCURRENCY", show_default=True, help="The most block requests in flight: the number in flight starts at 16 and follows the "
+                           "origin (more while throughput grows, fewer on SlowDown or rising latency) up to this.")(fn)
     return fn
 
 

@@ -1,0 +1,184 @@
+"""Adaptive concurrency: how many requests to keep in flight, learned from the origin.
+
+A loopback origin is fastest with a few requests in flight; a real object
+store caps each connection (tens of MB/s) and takes tens of milliseconds to
+the first byte, so filling a fast link needs many more; and a store that
+answers ``503 SlowDown`` needs fewer. No fixed number is right everywhere, so
+the engine's :class:`~.gate.PriorityGate` (and each side of replicate's
+copier) is driven by a :class:`ConcurrencyController`, a gradient controller
+in the manner of TCP Vegas:
+
+* Each finished request reports how long it held its slot and how many bytes
+  it moved. Its *seconds per byte* is the signal: while the bottleneck is each
+  connection, adding requests leaves it flat; once the link (or the origin, or
+  our own CPU and disk) is the bottleneck, it rises in proportion. Only
+  requests of at least half the full request size count, so the first-byte
+  latency of a short tail request is not mistaken for a queue.
+* ``base`` is the lowest seconds-per-byte seen (drifting upwards while the
+  limit is at its floor, so it can follow an origin that got slower) and
+  ``recent`` a moving average. Real hold times are noisy (a tenth of a second
+  either way on a busy host), so queueing only counts once ``recent`` exceeds
+  ``TOLERANCE * base``: the gradient is ``min(1, TOLERANCE * base / recent)``.
+* Slow start: from ``initial``, the limit grows by one per finished request
+  (doubling each round trip) while the gate is saturated and the gradient
+  stays 1. After that, the limit moves towards ``limit * gradient +
+  sqrt(limit)``: it keeps probing upwards while the latency does not rise,
+  and backs off when it does.
+* A throttled attempt (``SlowDown``, counted by the store's retry policy)
+  cuts the limit by ``THROTTLE_CUT`` at once, at most once per recent request
+  duration, and ends slow start.
+
+The limit never exceeds ``ceiling`` (the user's ``--concurrency``, bounded by
+:func:`memory_ceiling`) and latency alone never pushes it below ``initial``;
+only throttling does (down to one). Everything is a few float operations per
+finished request on the event loop: no per-byte work, no task, no timer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+#: Where the limit starts (or the ceiling, if lower).
+INITIAL = 16
+#: Bytes of the engine's buffers that requests in flight may take together.
+MEMORY_BUDGET = 256 << 20
+#: What one streaming request holds at most, roughly: a write batch filling and one on its way to the disk.
+REQUEST_FOOTPRINT = 2 << 20
+#: Requests may take this much longer per byte than the best seen before it counts as a queue we cause.
+TOLERANCE = 1.5
+#: Lowest gradient: one sample never cuts the limit by more than this factor.
+MIN_GRADIENT = 0.5
+#: On a throttled attempt the limit is multiplied by this.
+THROTTLE_CUT = 0.5
+#: Weight of a new target in the limit (and of a new duration in the mean duration).
+SMOOTHING = 0.25
+#: Weight of a new sample in ``recent``.
+RECENT_SMOOTHING = 0.1
+#: At the floor, ``base`` rises by this fraction per sample, so it forgets a faster past.
+BASE_DRIFT = 0.01
+#: Seconds over which ``throughput_bps`` is measured.
+RATE_WINDOW = 1.0
+
+
+def memory_ceiling(ceiling: int, request_bytes: int, budget: int = MEMORY_BUDGET) -> int:
+    """``ceiling`` bounded so that requests in flight x their footprint fit in ``budget`` (at least 1)."""
+    footprint = max(1, min(request_bytes, REQUEST_FOOTPRINT))
+    return max(1, min(ceiling, budget // footprint))
+
+
+class ConcurrencyController:
+    """Learns the number of requests to keep in flight; see the module docstring.
+
+    Args:
+        ceiling: never more than this many.
+        initial: where to start (capped by ``ceiling``); latency alone never goes below it.
+        full_request: the size of a full request in bytes; smaller ones do not move the limit.
+        throttled: returns the number of throttled attempts so far (a counter that only grows).
+        clock: injectable for tests.
+    """
+
+    def __init__(self, ceiling: int, *, initial: int = INITIAL, full_request: int = 0,
+                 throttled: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic) -> None:
+        if ceiling < 1:
+            raise ValueError(f"concurrency ceiling must be >= 1, got {ceiling}")
+        self.ceiling = ceiling
+        self.initial = max(1, min(initial, ceiling))
+        self._limit = float(self.initial)
+        self._floor = float(self.initial)
+        self._full_request = full_request
+        self._throttled = throttled
+        self._clock = clock
+        self._seen_throttles = throttled()
+        self._cut_until = 0.0
+        self._slow_start = True
+        self._base: float | None = None
+        self._recent: float | None = None
+        self._duration = 0.0  # moving average of a request's seconds
+        self._window_start = clock()
+        self._window_bytes = 0
+        self._last_done = self._window_start
+        self._rate = 0.0
+        self.peak = self.initial
+        self.throttle_cuts = 0
+
+    @property
+    def limit(self) -> int:
+        """Requests to allow in flight now."""
+        return max(1, min(self.ceiling, int(self._limit)))
+
+    @property
+    def slow_start(self) -> bool:
+        return self._slow_start
+
+    @property
+    def throughput_bps(self) -> float:
+        """Bytes per second finished over the last second or so (0 once nothing finished for a while)."""
+        if self._clock() - self._last_done > 2 * RATE_WINDOW:
+            return 0.0
+        return self._rate
+
+    def on_done(self, seconds: float, nbytes: int, saturated: bool, ok: bool = True) -> int:
+        """A request that held a slot ``seconds`` and moved ``nbytes`` ended; return the new limit.
+
+        ``saturated``: every slot was taken (or someone waited) when it ended, so more
+        requests could have run. ``ok`` false: it failed or was cancelled (only throttling counts).
+        """
+        now = self._clock()
+        self._count_bytes(now, nbytes if ok else 0)
+        if self._throttle_seen(now):
+            return self.limit
+        if not ok or seconds <= 0 or nbytes <= 0:
+            return self.limit
+        self._duration = seconds if not self._duration else self._duration + SMOOTHING * (seconds - self._duration)
+        if nbytes * 2 < self._full_request:
+            return self.limit
+        per_byte = seconds / nbytes
+        self._recent = per_byte if self._recent is None else self._recent + RECENT_SMOOTHING * (per_byte - self._recent)
+        if self._base is None or per_byte < self._base:
+            self._base = per_byte
+        elif self._limit <= self._floor:
+            # At the floor the latency is as good as we can make it: let the base follow a slower
+            # origin. Nowhere else, or our own queue would creep into the base and the limit with it.
+            self._base *= 1 + BASE_DRIFT
+        gradient = max(MIN_GRADIENT, min(1.0, TOLERANCE * self._base / self._recent))
+        if self._slow_start:
+            if gradient < 1.0:
+                self._slow_start = False
+            elif saturated:
+                self._limit = min(float(self.ceiling), self._limit + 1.0)
+        if not self._slow_start:
+            target = self._limit * gradient + (math.sqrt(self._limit) if saturated else 0.0)
+            self._limit += SMOOTHING * (target - self._limit)
+        self._limit = min(float(self.ceiling), max(self._floor, self._limit))
+        self.peak = max(self.peak, self.limit)
+        return self.limit
+
+    def on_throttle(self) -> int:
+        """Look for new throttled attempts now (a request is still waiting out its backoff); return the limit."""
+        self._throttle_seen(self._clock())
+        return self.limit
+
+    def _throttle_seen(self, now: float) -> bool:
+        count = self._throttled()
+        if count <= self._seen_throttles:
+            return False
+        self._seen_throttles = count
+        if now >= self._cut_until:  # one cut per round trip: the throttles of one burst arrive together
+            self._limit = max(1.0, self._limit * THROTTLE_CUT)
+            self._floor = min(self._floor, self._limit)
+            self._slow_start = False
+            self._cut_until = now + max(0.05, self._duration)
+            self.throttle_cuts += 1
+        return True
+
+    def _count_bytes(self, now: float, nbytes: int) -> None:
+        self._window_bytes += nbytes
+        if nbytes:
+            self._last_done = now
+        elapsed = now - self._window_start
+        if elapsed >= RATE_WINDOW:
+            self._rate = self._window_bytes / elapsed
+            self._window_start = now
+            self._window_bytes = 0
