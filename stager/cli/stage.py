@@ -120,8 +120,10 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
             async def describe_retries() -> None:
                 while True:
                     await asyncio.sleep(1.0)
-                    now = _delta(before, await _counters(session))
-                    progress.describe(f"{count} files, {now['retries']} retries"
+                    counters = await _counters(session)
+                    now = _delta(before, counters)
+                    progress.describe(f"{count} files, {counters['in_flight']} requests in flight "
+                                      f"(limit {counters['concurrency']}), {now['retries']} retries"
                                       + (f", {len(failures)} failed" if failures else ""))
 
             ticker = asyncio.create_task(describe_retries())
@@ -188,13 +190,15 @@ async def _counters(session: Session) -> dict[str, Any]:
             status = await session.daemon_status()
             e, o = status["engine"], status["origin"]
             return {"mode": "daemon", "fetched": int(e["bytes_fetched"]), "retries": int(o["retries"]),
-                    "hedged": int(e["hedged_requests"]), "verify_failures": int(e["verify_failures"])}
+                    "hedged": int(e["hedged_requests"]), "verify_failures": int(e["verify_failures"]),
+                    "in_flight": int(e.get("requests_in_flight", 0)), "concurrency": int(e.get("concurrency", 0))}
         except StagerError:
             pass
     stats = session.stats()
     return {"mode": "embedded", "fetched": int(stats.get("bytes_fetched", 0)),
             "retries": int(stats.get("origin_retries", 0)), "hedged": int(stats.get("hedged_requests", 0)),
-            "verify_failures": int(stats.get("verify_failures", 0))}
+            "verify_failures": int(stats.get("verify_failures", 0)),
+            "in_flight": int(stats.get("requests_in_flight", 0)), "concurrency": int(stats.get("concurrency", 0))}
 
 
 def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
