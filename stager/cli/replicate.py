@@ -85,8 +85,9 @@ def _side(url: str, profile: str | None, pairs: tuple[str, ...], side: str) -> S
                    "COMPLETE, commit_success.txt, .metadata).")
 @click.option("--idle-exit", type=click.FloatRange(0), default=None,
               help="--watch: stop after this many seconds without a new complete file (default: never).")
-@click.option("--concurrency", type=click.IntRange(1, 4096), default=32, envvar="STAGER_CONCURRENCY",
-              show_default=True, help="Requests in flight per side.")
+@click.option("--concurrency", type=click.IntRange(1, 4096), default=256, envvar="STAGER_CONCURRENCY",
+              show_default=True, help="The most requests in flight per side: the number in flight starts at 16 "
+                                      "and follows each side (more while throughput grows, fewer on SlowDown).")
 @click.option("--part-size", type=SIZE, default=DEFAULT_PART_SIZE, show_default="16MiB",
               help="Multipart part size for large objects (whole manifest blocks, at least 5MiB).")
 @click.option("--buffer", type=SIZE, default=128 << 20, show_default="128MiB",

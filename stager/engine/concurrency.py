@@ -12,8 +12,10 @@ in the manner of TCP Vegas:
   it moved. Its *seconds per byte* is the signal: while the bottleneck is each
   connection, adding requests leaves it flat; once the link (or the origin, or
   our own CPU and disk) is the bottleneck, it rises in proportion. Only
-  requests of at least half the full request size count, so the first-byte
-  latency of a short tail request is not mistaken for a queue.
+  requests of at least half the full request size count this way; shorter
+  ones (a blob's tail, one urgent block, replicate's small objects) are
+  judged apart by their seconds alone, so their first-byte latency is not
+  mistaken for a queue.
 * ``base`` is the lowest seconds-per-byte seen (drifting upwards while the
   limit is at its floor, so it can follow an origin that got slower) and
   ``recent`` a moving average. Real hold times are noisy (a tenth of a second
@@ -74,7 +76,8 @@ class ConcurrencyController:
     Args:
         ceiling: never more than this many.
         initial: where to start (capped by ``ceiling``); latency alone never goes below it.
-        full_request: the size of a full request in bytes; smaller ones do not move the limit.
+        full_request: the size of a full request in bytes; shorter requests are judged apart, by
+            their seconds alone (their first-byte latency would look like a queue per byte).
         throttled: returns the number of throttled attempts so far (a counter that only grows).
         clock: injectable for tests.
     """
@@ -93,8 +96,8 @@ class ConcurrencyController:
         self._seen_throttles = throttled()
         self._cut_until = 0.0
         self._slow_start = True
-        self._base: float | None = None
-        self._recent: float | None = None
+        self._full = _Lane()  # requests of at least half the full size: seconds per byte
+        self._short = _Lane()  # shorter ones (tails, single blocks, small objects): seconds
         self._duration = 0.0  # moving average of a request's seconds
         self._window_start = clock()
         self._window_bytes = 0
@@ -129,20 +132,12 @@ class ConcurrencyController:
         self._count_bytes(now, nbytes if ok else 0)
         if self._throttle_seen(now):
             return self.limit
-        if not ok or seconds <= 0 or nbytes <= 0:
+        if not ok or seconds <= 0 or nbytes < 0:
             return self.limit
         self._duration = seconds if not self._duration else self._duration + SMOOTHING * (seconds - self._duration)
-        if nbytes * 2 < self._full_request:
-            return self.limit
-        per_byte = seconds / nbytes
-        self._recent = per_byte if self._recent is None else self._recent + RECENT_SMOOTHING * (per_byte - self._recent)
-        if self._base is None or per_byte < self._base:
-            self._base = per_byte
-        elif self._limit <= self._floor:
-            # At the floor the latency is as good as we can make it: let the base follow a slower
-            # origin. Nowhere else, or our own queue would creep into the base and the limit with it.
-            self._base *= 1 + BASE_DRIFT
-        gradient = max(MIN_GRADIENT, min(1.0, TOLERANCE * self._base / self._recent))
+        full = nbytes > 0 and nbytes * 2 >= self._full_request
+        lane = self._full if full else self._short
+        gradient = lane.gradient(seconds / nbytes if full else seconds, at_floor=self._limit <= self._floor)
         if self._slow_start:
             if gradient < 1.0:
                 self._slow_start = False
@@ -182,3 +177,26 @@ class ConcurrencyController:
             self._rate = self._window_bytes / elapsed
             self._window_start = now
             self._window_bytes = 0
+
+
+class _Lane:
+    """The latency signal of one kind of request: its best (``base``) and its moving average (``recent``)."""
+
+    __slots__ = ("base", "recent")
+
+    def __init__(self) -> None:
+        self.base: float | None = None
+        self.recent: float | None = None
+
+    def gradient(self, sample: float, at_floor: bool) -> float:
+        """Take ``sample`` and return ``min(1, TOLERANCE * base / recent)`` (at least ``MIN_GRADIENT``)."""
+        self.recent = sample if self.recent is None else self.recent + RECENT_SMOOTHING * (sample - self.recent)
+        if self.base is None or sample < self.base:
+            self.base = sample
+        elif at_floor:
+            # At the floor the latency is as good as we can make it: let the base follow a slower
+            # origin. Nowhere else, or our own queue would creep into the base and the limit with it.
+            self.base *= 1 + BASE_DRIFT
+        if self.recent <= 0:
+            return 1.0
+        return max(MIN_GRADIENT, min(1.0, TOLERANCE * self.base / self.recent))
