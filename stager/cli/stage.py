@@ -136,7 +136,8 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
                 ticker.cancel()
                 await plan.close()
         seconds = time.monotonic() - began
-        done = _delta(before, await _counters(session))
+        after = await _counters(session)
+        done = _delta(before, after)
         if done["mode"] == "daemon":
             # The daemon's byte counter covers every consumer of the node: count what this run brought in.
             # (Its retry, hedge and corrupt-block counts over the run are node-wide too.)
@@ -150,6 +151,7 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
             "retries": done["retries"],
             "hedged": done["hedged"],
             "verify_failures": done["verify_failures"],
+            "concurrency_peak": after["concurrency_peak"],  # the adaptive limit's highest (node-wide with a daemon)
             "failed": len(failures),
             "first_error": str(failures[0]) if failures else None,
             "seconds": round(seconds, 3),
@@ -191,14 +193,16 @@ async def _counters(session: Session) -> dict[str, Any]:
             e, o = status["engine"], status["origin"]
             return {"mode": "daemon", "fetched": int(e["bytes_fetched"]), "retries": int(o["retries"]),
                     "hedged": int(e["hedged_requests"]), "verify_failures": int(e["verify_failures"]),
-                    "in_flight": int(e.get("requests_in_flight", 0)), "concurrency": int(e.get("concurrency", 0))}
+                    "in_flight": int(e.get("requests_in_flight", 0)), "concurrency": int(e.get("concurrency", 0)),
+                    "concurrency_peak": int(e.get("concurrency_peak", 0))}
         except StagerError:
             pass
     stats = session.stats()
     return {"mode": "embedded", "fetched": int(stats.get("bytes_fetched", 0)),
             "retries": int(stats.get("origin_retries", 0)), "hedged": int(stats.get("hedged_requests", 0)),
             "verify_failures": int(stats.get("verify_failures", 0)),
-            "in_flight": int(stats.get("requests_in_flight", 0)), "concurrency": int(stats.get("concurrency", 0))}
+            "in_flight": int(stats.get("requests_in_flight", 0)), "concurrency": int(stats.get("concurrency", 0)),
+            "concurrency_peak": int(stats.get("concurrency_peak", 0))}
 
 
 def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
