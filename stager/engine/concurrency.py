@@ -21,14 +21,20 @@ in the manner of TCP Vegas:
   ``recent`` a moving average. Real hold times are noisy (a tenth of a second
   either way on a busy host), so queueing only counts once ``recent`` exceeds
   ``TOLERANCE * base``: the gradient is ``min(1, TOLERANCE * base / recent)``.
-* Slow start: from ``initial``, the limit grows by one per finished request
-  (doubling each round trip) while the gate is saturated and the gradient
+* Slow start: from ``initial``, the limit grows by ``SLOW_START_GAIN`` per
+  finished request (tripling each round trip) while the gate is saturated and the gradient
   stays 1. After that, the limit moves towards ``limit * gradient +
   sqrt(limit)``: it keeps probing upwards while the latency does not rise,
   and backs off when it does.
 * A throttled attempt (``SlowDown``, counted by the store's retry policy)
   cuts the limit by ``THROTTLE_CUT`` at once, at most once per recent request
   duration, and ends slow start.
+
+* Throughput is measured too, in windows of ``RATE_WINDOW``: rising latency
+  is only a reason to back off where it brought no throughput, so latency
+  never cuts the limit below the one at which the best throughput was seen
+  (a host whose CPU is the bottleneck makes every request slower yet still
+  moves more bytes with more of them).
 
 The limit never exceeds ``ceiling`` (the user's ``--concurrency``, bounded by
 :func:`memory_ceiling`) and latency alone never pushes it below ``initial``;
@@ -50,6 +56,9 @@ MEMORY_BUDGET = 256 << 20
 REQUEST_FOOTPRINT = 2 << 20
 #: Requests may take this much longer per byte than the best seen before it counts as a queue we cause.
 TOLERANCE = 1.5
+#: Slow start adds this many per finished request: the limit triples each round trip. Requests to an
+#: object store take a second or more each, so a staging run lasts only a few round trips.
+SLOW_START_GAIN = 2.0
 #: Lowest gradient: one sample never cuts the limit by more than this factor.
 MIN_GRADIENT = 0.5
 #: On a throttled attempt the limit is multiplied by this.
@@ -60,6 +69,8 @@ SMOOTHING = 0.25
 RECENT_SMOOTHING = 0.1
 #: At the floor, ``base`` rises by this fraction per sample, so it forgets a faster past.
 BASE_DRIFT = 0.01
+#: A window's throughput must beat the best by this factor to move the latency floor up to its limit.
+BEST_GAIN = 1.1
 #: Seconds over which ``throughput_bps`` is measured.
 RATE_WINDOW = 1.0
 
@@ -103,6 +114,9 @@ class ConcurrencyController:
         self._window_bytes = 0
         self._last_done = self._window_start
         self._rate = 0.0
+        self._fed = False  # bytes come through count_bytes (as they arrive), not at the end of requests
+        self._best_rate = 0.0  # the highest throughput seen in one window...
+        self._best_limit = 0.0  # ...and the limit it was seen at: latency alone never cuts below it
         self.peak = self.initial
         self.throttle_cuts = 0
 
@@ -129,7 +143,8 @@ class ConcurrencyController:
         requests could have run. ``ok`` false: it failed or was cancelled (only throttling counts).
         """
         now = self._clock()
-        self._count_bytes(now, nbytes if ok else 0)
+        if not self._fed:
+            self._count_bytes(now, nbytes if ok else 0)
         if self._throttle_seen(now):
             return self.limit
         if not ok or seconds <= 0 or nbytes < 0:
@@ -142,13 +157,18 @@ class ConcurrencyController:
             if gradient < 1.0:
                 self._slow_start = False
             elif saturated:
-                self._limit = min(float(self.ceiling), self._limit + 1.0)
+                self._limit = min(float(self.ceiling), self._limit + SLOW_START_GAIN)
         if not self._slow_start:
             target = self._limit * gradient + (math.sqrt(self._limit) if saturated else 0.0)
             self._limit += SMOOTHING * (target - self._limit)
-        self._limit = min(float(self.ceiling), max(self._floor, self._limit))
+        self._limit = min(float(self.ceiling), max(self._floor, self._best_limit, self._limit))
         self.peak = max(self.peak, self.limit)
         return self.limit
+
+    def count_bytes(self, nbytes: int) -> None:
+        """Count ``nbytes`` that just arrived (smoother than counting whole requests as they end)."""
+        self._fed = True
+        self._count_bytes(self._clock(), nbytes)
 
     def on_throttle(self) -> int:
         """Look for new throttled attempts now (a request is still waiting out its backoff); return the limit."""
@@ -163,6 +183,8 @@ class ConcurrencyController:
         if now >= self._cut_until:  # one cut per round trip: the throttles of one burst arrive together
             self._limit = max(1.0, self._limit * THROTTLE_CUT)
             self._floor = min(self._floor, self._limit)
+            self._best_limit = min(self._best_limit, self._limit)
+            self._best_rate = 0.0  # what was best before the origin pushed back no longer holds
             self._slow_start = False
             self._cut_until = now + max(0.05, self._duration)
             self.throttle_cuts += 1
@@ -177,6 +199,9 @@ class ConcurrencyController:
             self._rate = self._window_bytes / elapsed
             self._window_start = now
             self._window_bytes = 0
+            if self._rate > self._best_rate * BEST_GAIN:
+                self._best_rate = self._rate
+                self._best_limit = self._limit
 
 
 class _Lane:

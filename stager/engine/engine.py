@@ -80,7 +80,8 @@ class Engine:
         self._datasets: dict[str, Dataset] = {}
         self._disk = DiskThreads(min(8, max(2, config.concurrency // 2)), "stager-disk")
         self.lock_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="stager-lock")
-        self._block_listeners: list[Callable[[BlobRef, int], None]] = []
+        self._block_listeners: list[Callable[[BlobRef, int], None]] = [
+            lambda _ref, nbytes: self.concurrency.count_bytes(nbytes)]  # throughput as the bytes arrive
         self._closed = False
         self._room = asyncio.Event()  # set whenever room may have been made: a job ended, a plan moved on
 

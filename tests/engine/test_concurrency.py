@@ -71,6 +71,19 @@ def test_stays_at_the_ceiling_and_never_grows_when_not_saturated():
     assert idle.limit == INITIAL
 
 
+def test_latency_alone_never_cuts_below_the_limit_of_the_best_throughput():
+    # a host whose CPU is the bottleneck: every request slows as more run, yet more of them move more bytes
+    clock = FakeClock()
+    controller = ConcurrencyController(256, full_request=1000, clock=clock)
+    for _ in range(400):
+        in_flight = controller.limit
+        seconds = 0.1 * (1 + in_flight / 16)  # slower and slower per request...
+        clock.now += seconds / in_flight
+        controller.count_bytes(1000)  # ...but throughput still rises with in_flight / (1 + in_flight / 16)
+        controller.on_done(seconds, 1000, saturated=True)
+    assert controller.limit > 2 * INITIAL
+
+
 def test_short_requests_do_not_count_as_latency():
     controller = ConcurrencyController(256, full_request=1 << 20, clock=FakeClock())
     for _ in range(100):
@@ -83,7 +96,7 @@ def test_throttling_halves_the_limit_once_per_round_trip_and_may_go_below_the_st
     clock = FakeClock()
     throttled = 0
     controller = ConcurrencyController(256, full_request=1000, throttled=lambda: throttled, clock=clock)
-    for _ in range(48):
+    for _ in range(24):  # slow start: two more per finished request
         clock.now += 0.01
         controller.on_done(0.1, 1000, saturated=True)
     assert controller.limit == 64
