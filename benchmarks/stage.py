@@ -225,7 +225,7 @@ def _stager_account(run: Run) -> None:
     try:
         summary = json.loads(run.stdout.strip().splitlines()[-1])
         print(f"stager's own account: {summary['seconds']:.2f} s staging after start-up, "
-              f"{summary['retries']} retries, at most {summary.get('concurrency_peak', '?')} requests in flight")
+              f"{summary['retries']} retries, adaptive limit up to {summary.get('concurrency_peak', '?')} requests in flight")
     except (ValueError, IndexError, KeyError):
         pass
 

@@ -437,7 +437,10 @@ class FaultProxy:
             response.content_length = upstream.content_length
         elif has_body and length is not None:
             response.content_length = length
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except ConnectionError:  # the client went away before the headers: nothing more to send
+            return response
         if not has_body:
             await response.write_eof()
             return response
