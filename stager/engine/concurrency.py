@@ -156,7 +156,7 @@ class ConcurrencyController:
         if self._slow_start:
             if gradient < 1.0:
                 self._slow_start = False
-            elif saturated:
+            elif saturated and not self._fed:  # (fed: it grew with the bytes already)
                 self._limit = min(float(self.ceiling), self._limit + SLOW_START_GAIN)
         if not self._slow_start:
             target = self._limit * gradient + (math.sqrt(self._limit) if saturated else 0.0)
@@ -165,10 +165,18 @@ class ConcurrencyController:
         self.peak = max(self.peak, self.limit)
         return self.limit
 
-    def count_bytes(self, nbytes: int) -> None:
-        """Count ``nbytes`` that just arrived (smoother than counting whole requests as they end)."""
+    def count_bytes(self, nbytes: int, saturated: bool = False) -> int:
+        """Count ``nbytes`` that just arrived (smoother than counting whole requests as they end); return the limit.
+
+        In slow start the growth then follows the bytes too (``SLOW_START_GAIN`` per full request's worth):
+        a request of several seconds starts paying for more of them with its first block, not its last.
+        """
         self._fed = True
         self._count_bytes(self._clock(), nbytes)
+        if self._slow_start and saturated and self._full_request > 0:
+            self._limit = min(float(self.ceiling), self._limit + SLOW_START_GAIN * nbytes / self._full_request)
+            self.peak = max(self.peak, self.limit)
+        return self.limit
 
     def on_throttle(self) -> int:
         """Look for new throttled attempts now (a request is still waiting out its backoff); return the limit."""

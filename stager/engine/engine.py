@@ -80,8 +80,7 @@ class Engine:
         self._datasets: dict[str, Dataset] = {}
         self._disk = DiskThreads(min(8, max(2, config.concurrency // 2)), "stager-disk")
         self.lock_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="stager-lock")
-        self._block_listeners: list[Callable[[BlobRef, int], None]] = [
-            lambda _ref, nbytes: self.concurrency.count_bytes(nbytes)]  # throughput as the bytes arrive
+        self._block_listeners: list[Callable[[BlobRef, int], None]] = [self._count_for_concurrency]
         self._closed = False
         self._room = asyncio.Event()  # set whenever room may have been made: a job ended, a plan moved on
 
@@ -235,6 +234,11 @@ class Engine:
             self.cache.mark_consumed(digest, token)
 
     # -- plumbing ------------------------------------------------------------
+
+    def _count_for_concurrency(self, _ref: BlobRef, nbytes: int) -> None:
+        """Throughput (and slow start's growth) as the verified bytes arrive."""
+        gate = self.gate
+        self.gate.set_limit(self.concurrency.count_bytes(nbytes, gate.holders >= gate.limit or gate.waiting > 0))
 
     def _gauges(self) -> dict[str, float]:
         return {"concurrency": self.gate.limit, "concurrency_peak": self.concurrency.peak,

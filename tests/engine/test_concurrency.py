@@ -79,9 +79,17 @@ def test_latency_alone_never_cuts_below_the_limit_of_the_best_throughput():
         in_flight = controller.limit
         seconds = 0.1 * (1 + in_flight / 16)  # slower and slower per request...
         clock.now += seconds / in_flight
-        controller.count_bytes(1000)  # ...but throughput still rises with in_flight / (1 + in_flight / 16)
+        controller.count_bytes(1000, saturated=True)  # ...but throughput still rises with in_flight / (1 + in_flight / 16)
         controller.on_done(seconds, 1000, saturated=True)
     assert controller.limit > 2 * INITIAL
+
+
+def test_slow_start_grows_with_the_bytes_of_requests_still_in_flight():
+    controller = ConcurrencyController(256, full_request=8 << 20, clock=FakeClock())
+    for _ in range(16 * 4):  # a quarter of each of the first 16 requests has arrived, none has ended
+        controller.count_bytes(512 << 10, saturated=True)
+    assert controller.limit == 16 + 2 * 4  # two more per full request's worth of bytes
+    assert controller.count_bytes(1 << 20, saturated=False) == 24  # not saturated: no reason to grow
 
 
 def test_short_requests_do_not_count_as_latency():
