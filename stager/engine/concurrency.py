@@ -22,14 +22,16 @@ in the manner of TCP Vegas:
   either way on a busy host), so queueing only counts once ``recent`` exceeds
   ``TOLERANCE * base``: the gradient is ``min(1, TOLERANCE * base / recent)``.
 * Slow start: from ``initial``, the limit grows by ``SLOW_START_GAIN`` per
-  finished request (tripling each round trip) while the gate is saturated and the gradient
-  stays 1. After that, the limit moves towards ``limit * gradient +
-  sqrt(limit)``: it keeps probing upwards while the latency does not rise,
-  and backs off when it does.
+  finished request (tripling each round trip) while the gate is saturated
+  and the gradient stays 1; where the bytes are counted as they arrive
+  (:meth:`ConcurrencyController.count_bytes`, the engine's verified blocks),
+  it grows by as much per full request's worth of bytes instead, so a long
+  request pays for more of them from its first block. After that, the limit
+  moves towards ``limit * gradient + sqrt(limit)``: it keeps probing upwards
+  while the latency does not rise, and backs off when it does.
 * A throttled attempt (``SlowDown``, counted by the store's retry policy)
   cuts the limit by ``THROTTLE_CUT`` at once, at most once per recent request
   duration, and ends slow start.
-
 * Throughput is measured too, in windows of ``RATE_WINDOW``: rising latency
   is only a reason to back off where it brought no throughput, so latency
   never cuts the limit below the one at which the best throughput was seen
@@ -39,7 +41,8 @@ in the manner of TCP Vegas:
 The limit never exceeds ``ceiling`` (the user's ``--concurrency``, bounded by
 :func:`memory_ceiling`) and latency alone never pushes it below ``initial``;
 only throttling does (down to one). Everything is a few float operations per
-finished request on the event loop: no per-byte work, no task, no timer.
+finished request (or verified block) on the event loop: no per-byte work, no
+task, no timer.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ from typing import Callable
 INITIAL = 16
 #: Bytes of the engine's buffers that requests in flight may take together.
 MEMORY_BUDGET = 256 << 20
-#: What one streaming request holds at most, roughly: a write batch filling and one on its way to the disk.
-REQUEST_FOOTPRINT = 2 << 20
+#: What one streaming request may hold: write batches filling and on their way to the disk (three of
+#: 1 MiB) and its receive buffer (1 MiB). Measured: about 5 MiB each on loopback, 1.5 MiB on slow links.
+REQUEST_FOOTPRINT = 4 << 20
 #: Requests may take this much longer per byte than the best seen before it counts as a queue we cause.
 TOLERANCE = 1.5
 #: Slow start adds this many per finished request: the limit triples each round trip. Requests to an

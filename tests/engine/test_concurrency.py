@@ -122,7 +122,8 @@ def test_throttling_halves_the_limit_once_per_round_trip_and_may_go_below_the_st
 
 
 def test_memory_bounds_the_ceiling():
-    assert memory_ceiling(256, 8 << 20, budget=256 << 20) == 128
+    assert memory_ceiling(256, 8 << 20, budget=256 << 20) == 64
+    assert memory_ceiling(256, 128 << 10, budget=256 << 20) == 256  # small requests hold less
     assert memory_ceiling(8, 8 << 20) == 8
     assert memory_ceiling(4096, 1 << 30, budget=1 << 20) == 1
 
