@@ -13,6 +13,16 @@ its verified bytes serve the read at once. The last few fetched blocks are
 kept in memory, so a reader crawling through a fresh block in small reads
 does not go back to the session for each.
 
+Bytes on the cache disk are not trusted either (:mod:`stager.cache.reader`):
+the first time this mount process reads a block of a cache file, the whole
+block is read and hashed against the manifest's block digest before any of it
+is served (and kept among the recent blocks, so the kernel's next reads of it
+come from memory); later reads of a checked block are plain ``pread`` s. A
+block that does not match is dropped through the cache's API (the whole blob,
+if complete) and fetched again alone, urgently, like a missing one; if that
+fails, the read fails (EIO). ``CacheConfig.verify_reads = "off"`` skips the
+check.
+
 File descriptors are never closed while a read may be using them: a handle
 that moves from a partial file to the complete one keeps the old descriptor
 (same bytes: the file was renamed, or verified bytes that stay valid) until
@@ -23,15 +33,19 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from stager.cache import CacheTier
 from stager.cache.fileio import pread_exact
+from stager.cache.reader import FileIdentity, VerifiedReads
 from stager.errors import CacheError
 from stager.hashing import block_range
 from stager.session import DatasetHandle, Session
+
+log = logging.getLogger(__name__)
 
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
@@ -44,7 +58,8 @@ def _same_file(a: int, b: int) -> bool:
 class OpenBlob:
     """One shard's blob as the mount reads it; shared by every open handle of the shard."""
 
-    __slots__ = ("index", "digest", "size", "block_size", "path", "refs", "busy", "fds", "complete", "verified")
+    __slots__ = ("index", "digest", "size", "block_size", "path", "refs", "busy", "fds", "complete", "verified",
+                 "identity", "checked")
 
     def __init__(self, index: int, digest: str, size: int, block_size: int, path: str) -> None:
         self.index = index
@@ -57,6 +72,8 @@ class OpenBlob:
         self.fds: list[int] = []  # the last is current; older ones wait for the last release
         self.complete = False
         self.verified: frozenset[int] = frozenset()
+        self.identity: FileIdentity = (0, 0)  # (device, inode) of the current file
+        self.checked = False  # every block of the current file was checked by this process
 
     @property
     def fd(self) -> int | None:
@@ -71,7 +88,7 @@ class CacheReader:
         dataset: the dataset opened through that session.
         cache: the cache tier on the same directory the session fills (read-only use here).
         executor: threads for reads that may block on the disk.
-        recent_blocks: how many freshly fetched blocks to keep in memory.
+        recent_blocks: how many freshly fetched (or checked) blocks to keep in memory.
     """
 
     def __init__(self, session: Session, dataset: DatasetHandle, cache: CacheTier, executor: ThreadPoolExecutor,
@@ -85,6 +102,7 @@ class CacheReader:
         self._recent: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._recent_max = recent_blocks
         self._nowait = bool(_RWF_NOWAIT)
+        self.checks = VerifiedReads(cache.config.verify_reads)
 
     # -- open and release -----------------------------------------------------------------------
 
@@ -152,6 +170,9 @@ class CacheReader:
             return
         else:
             blob.fds.append(fd)
+            st = os.fstat(fd)
+            blob.identity = (st.st_dev, st.st_ino)
+            blob.checked = self.checks.file_checked(blob.identity)
         blob.complete = complete
         blob.verified = verified
 
@@ -187,28 +208,48 @@ class CacheReader:
             return b""
         blob.busy += 1
         try:
-            if blob.complete:
+            if blob.complete and self._checked(blob, offset, end):
                 return await self._pread(blob.fds[-1], end - offset, offset)
             return await self._read_blocks(blob, offset, end)
         finally:
             blob.busy -= 1
             self._close_if_unused(blob)
 
+    def _checked(self, blob: OpenBlob, offset: int, end: int) -> bool:
+        """Whether every block of ``[offset, end)`` in the blob's current file was checked by this process."""
+        if blob.checked or not self.checks.enabled:
+            return True
+        bs = blob.block_size
+        if all(self.checks.block_checked(blob.identity, b) for b in range(offset // bs, (end - 1) // bs + 1)):
+            blob.checked = self.checks.file_checked(blob.identity)
+            return True
+        return False
+
+    @staticmethod
+    def _on_disk(blob: OpenBlob, block: int) -> bool:
+        return blob.fd is not None and (blob.complete or block in blob.verified)
+
     async def _read_blocks(self, blob: OpenBlob, offset: int, end: int) -> bytes | bytearray | memoryview:
         bs = blob.block_size
         blocks = range(offset // bs, (end - 1) // bs + 1)
-        fetched: dict[int, bytes] = {}
+        fetched: dict[int, bytes | bytearray] = {}
         for b in blocks:
             data = self._recent.get((blob.digest, b))
             if data is not None:
                 self._recent.move_to_end((blob.digest, b))
                 fetched[b] = data
-        missing = [b for b in blocks if b not in fetched and (b not in blob.verified or blob.fd is None)]
+        missing = [b for b in blocks if b not in fetched and not self._on_disk(blob, b)]
         if missing:
             await self._refresh(blob)  # the prefetcher may have verified them meanwhile
-            if blob.complete:
-                return await self._pread(blob.fds[-1], end - offset, offset)
-            missing = [b for b in missing if b not in blob.verified or blob.fd is None]
+            missing = [b for b in missing if not self._on_disk(blob, b)]
+        for b in blocks:  # on disk, but not checked by this process yet: read the whole block and hash it
+            if b in fetched or b in missing or self.checks.block_checked(blob.identity, b):
+                continue
+            data = await self._read_checked(blob, b)
+            if data is None:
+                missing.append(b)  # bad on disk, dropped: fetched again below
+            else:
+                fetched[b] = data
         if missing:
             results = await asyncio.gather(*(self.session.read_block(self.dataset, blob.index, b) for b in missing))
             for b, data in zip(missing, results):
@@ -227,7 +268,29 @@ class CacheReader:
                 parts.append(await self._pread(blob.fds[-1], hi - lo, lo))
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def _remember(self, digest: str, block: int, data: bytes) -> None:
+    async def _read_checked(self, blob: OpenBlob, block: int) -> bytes | bytearray | None:
+        """Block ``block`` read from the blob's cache file and checked against the manifest; None if its
+        bytes do not match (then it is dropped from the cache, and this blob looked up afresh)."""
+        start, stop = block_range(block, blob.size, blob.block_size)
+        fd, identity = blob.fds[-1], blob.identity
+        data = await self._pread(fd, stop - start, start)
+        expected = self.manifest.block_digests(blob.index)
+        if self.checks.check_block(identity, block, data, expected[block], len(expected)):
+            self._remember(blob.digest, block, data)
+            return data
+        log.warning("%s: block %d of the cached copy changed on disk since it was verified; dropping it, "
+                    "to be fetched again", blob.path, block)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.cache.drop_corrupt, blob.digest, identity,
+                                   None if blob.complete else [block])
+        self.checks.forget(identity)
+        if blob.identity == identity:  # look the blob up again before the next read trusts its file
+            blob.complete = False
+            blob.checked = False
+            blob.verified = blob.verified - {block}
+        return None
+
+    def _remember(self, digest: str, block: int, data: bytes | bytearray) -> None:
         self._recent[(digest, block)] = data
         self._recent.move_to_end((digest, block))
         while len(self._recent) > self._recent_max:

@@ -13,6 +13,7 @@ with a :class:`~stager.errors.ConfigError` that names it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -28,7 +29,13 @@ GiB = 1024 * MiB
 TiB = 1024 * GiB
 
 DEFAULT_BLOCK_SIZE = 1 * MiB
-DEFAULT_CACHE_DIR = "~/.cache/stager"
+#: Where the cache and replicate's state lived before they followed the XDG base directories.
+LEGACY_CACHE_DIR = "~/.cache/stager"
+LEGACY_STATE_ROOT = "~/.cache/stager/replicate"
+#: The default cache directory as help texts name it (:func:`default_cache_dir` resolves it).
+DEFAULT_CACHE_DIR_HELP = "$XDG_CACHE_HOME/stager, else ~/.cache/stager"
+#: Words that say "no bandwidth cap" outright.
+UNLIMITED = frozenset({"unlimited", "none"})
 
 _UNITS = {
     "": 1, "b": 1,
@@ -40,49 +47,153 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(text: str | int | float, *, what: str = "size") -> int:
+def _named(what: str | None, message: str) -> str:
+    return f"{what}: {message}" if what else message
+
+
+def parse_size(text: str | int | float, *, what: str | None = "size") -> int:
     """Parse ``"500GB"``, ``"8MiB"``, ``"1.5G"`` or a plain number of bytes.
+
+    ``what`` (the flag, key or variable) starts the message of the error; None leaves it out.
 
     Raises:
         ConfigError: the text is not a non-negative size with a known unit.
     """
-    if isinstance(text, bool):
-        raise ConfigError(f"{what}: expected a size, got {text!r}")
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ConfigError(_named(what, f"expected a size such as 8MiB, got {text!r}"))
     if isinstance(text, (int, float)):
-        if text < 0:
-            raise ConfigError(f"{what}: must not be negative, got {text!r}")
+        if not math.isfinite(text) or text < 0:
+            raise ConfigError(_named(what, f"a size must be a finite number of bytes >= 0, got {text!r}"))
         return int(text)
-    match = _SIZE_RE.match(str(text))
+    match = _SIZE_RE.match(text)
     if not match or match.group(2).lower() not in _UNITS:
-        raise ConfigError(f"{what}: {text!r} is not a size (examples: 500GB, 8MiB, 1048576)")
+        raise ConfigError(_named(what, f"{text!r} is not a size (examples: 500GB, 8MiB, 1048576)"))
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-def parse_rate(text: str | int | float | None, *, what: str = "bandwidth") -> int | None:
-    """Parse a byte rate such as ``"200MB/s"`` or ``"1GiB"`` (per second); None or 0 means unlimited."""
-    if text is None or text == "" or text == 0:
+def parse_rate(text: str | int | float | None, *, what: str | None = "bandwidth") -> int | None:
+    """Parse a byte rate such as ``"200MB/s"`` or ``"1GiB"`` (per second); None, ``"unlimited"`` or ``"none"``: no cap.
+
+    Raises:
+        ConfigError: not a rate, or zero (which would never move a byte: say ``unlimited`` instead).
+    """
+    if text is None or (isinstance(text, str) and text.strip().lower() in UNLIMITED | {""}):
         return None
     if isinstance(text, str) and text.strip().lower().endswith("/s"):
         text = text.strip()[:-2]
     rate = parse_size(text, what=what)
-    return rate or None
+    if rate == 0:
+        raise ConfigError(_named(what, "a cap of 0 bytes/s would never move a byte; for no cap leave it unset "
+                                       "or write 'unlimited'"))
+    return rate
 
 
-def parse_fraction_or_size(text: str, *, what: str = "capacity") -> tuple[int | None, float | None]:
-    """Parse a capacity given as bytes (``"500GB"``) or a share of the disk (``"80%"``, ``"0.8"``)."""
+def parse_capacity(text: str | int, *, what: str | None = "capacity") -> tuple[int | None, float | None]:
+    """Parse a capacity: bytes with a unit (``"500GB"``), a whole number of bytes, or a share of the disk (``"80%"``).
+
+    Returns ``(bytes, None)`` or ``(None, share)``. A bare number up to 1 (``"1"``, ``"0.8"``) is
+    refused: it reads as a share as easily as bytes.
+
+    Raises:
+        ConfigError: not a capacity, zero, a share outside (0%, 100%], or ambiguous.
+    """
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise ConfigError(_named(what, f"expected a size (500GB) or a share of the disk (80%), got {text!r}"))
     s = str(text).strip()
+    if s.endswith("%"):
+        try:
+            share = float(s[:-1])
+        except ValueError:
+            raise ConfigError(_named(what, f"{text!r} is not a share of the disk (examples: 80%, 50%)")) from None
+        if not 0 < share <= 100:  # also refuses nan
+            raise ConfigError(_named(what, f"a share of the disk must be in (0%, 100%], got {text!r}"))
+        return None, share / 100
+    if re.fullmatch(r"[0-9]*\.?[0-9]*", s) and s not in ("", "."):
+        if "." in s or int(s) <= 1:
+            raise ConfigError(_named(what, f"{text!r} is ambiguous: write a share of the disk with % "
+                                           "(80%, 100%) or bytes with a unit (500GB, 1B)"))
+        return int(s), None
+    size = parse_size(s, what=what)
+    if size <= 0:
+        raise ConfigError(_named(what, f"the capacity must be more than 0 bytes, got {text!r}"))
+    return size, None
+
+
+def parse_seconds(text: str | int | float, *, what: str | None = "seconds", minimum: float = 0.0,
+                  allow_minimum: bool = False) -> float:
+    """Parse a finite number of seconds above ``minimum`` (or equal to it with ``allow_minimum``).
+
+    Raises:
+        ConfigError: not a number, nan, infinite, or too small.
+    """
     try:
-        if s.endswith("%"):
-            share = float(s[:-1]) / 100
-        elif re.fullmatch(r"0?\.[0-9]+|1(\.0+)?", s):
-            share = float(s)
-        else:
-            return parse_size(s, what=what), None
-    except ValueError as exc:
-        raise ConfigError(f"{what}: {text!r} is not a size or a share of the disk") from exc
-    if not 0 < share <= 1:
-        raise ConfigError(f"{what}: a share of the disk must be in (0%, 100%], got {text!r}")
-    return None, share
+        if isinstance(text, bool):
+            raise ValueError
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(_named(what, f"{text!r} is not a number of seconds")) from None
+    if not math.isfinite(value):
+        raise ConfigError(_named(what, f"{text!r} is not a finite number of seconds"))
+    if value < minimum or (value == minimum and not allow_minimum):
+        bound = f">= {minimum:g}" if allow_minimum else f"> {minimum:g}"
+        raise ConfigError(_named(what, f"must be {bound} seconds, got {text!r}"))
+    return value
+
+
+def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The cache directory when none is given: ``$XDG_CACHE_HOME/stager``, else ``~/.cache/stager``.
+
+    A stager cache already at ``~/.cache/stager`` (the default before ``XDG_CACHE_HOME`` was
+    honoured) keeps being used while nothing exists at the new place.
+    """
+    env = os.environ if environ is None else environ
+    legacy = Path(LEGACY_CACHE_DIR).expanduser()
+    base = env.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative value is invalid and ignored
+        return legacy
+    current = Path(base) / "stager"
+    if current != legacy and not current.exists() and _is_cache(legacy):
+        return legacy
+    return current
+
+
+def _is_cache(directory: Path) -> bool:
+    from .cache.layout import FORMAT_FILE  # here, not at the top: the cache imports this module
+
+    return (directory / FORMAT_FILE).is_file()
+
+
+def default_state_root(environ: Mapping[str, str] | None = None) -> Path:
+    """Where ``stager replicate`` keeps its state: ``$XDG_STATE_HOME/stager/replicate``, else
+    ``~/.local/state/stager/replicate`` (never inside the cache directory)."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_STATE_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path("~/.local/state").expanduser()
+    return root / "stager" / "replicate"
+
+
+def move_legacy_replicate_state(environ: Mapping[str, str] | None = None) -> None:
+    """Move replicate state left in ``~/.cache/stager/replicate`` (where older versions kept it)
+    to :func:`default_state_root`, so that it stops making the default cache directory
+    "not a stager cache and not empty".
+
+    Each replication's directory moves with one rename; one that cannot move (another
+    filesystem, a name taken at the new place) stays where it is and is used from there.
+    """
+    legacy = Path(LEGACY_STATE_ROOT).expanduser()
+    if not legacy.is_dir():
+        return
+    target = default_state_root(environ)
+    if target == legacy:
+        return
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in legacy.iterdir():
+            if not (target / entry.name).exists():
+                os.rename(entry, target / entry.name)
+        legacy.rmdir()
+    except OSError:
+        pass  # left in place: state_dir_for still finds it there
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,19 +258,29 @@ class FetchConfig:
             raise ConfigError(f"hedge factor must be >= 1, got {self.hedge_factor}")
 
 
+#: The levels of ``CacheConfig.verify_reads``.
+VERIFY_READS = ("first", "off")
+
+
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     """The node-local cache tier: a directory and a capacity (bytes, or a share of its disk)."""
 
-    directory: Path = Path(DEFAULT_CACHE_DIR).expanduser()
+    directory: Path = field(default_factory=default_cache_dir)
     capacity: int | None = None
     capacity_share: float | None = 0.8
     #: Write staged bytes with O_DIRECT, past the page cache (see stager/cache/direct.py); where the
     #: filesystem refuses, writes go through the page cache whatever this says.
     direct_writes: bool = True
+    #: How much readers trust bytes already on the cache disk (see stager/cache/reader.py): "first"
+    #: hashes each blob (the iterator) or block (the mount) the first time a process reads it, before
+    #: serving it; "off" trusts the disk (every commit still re-hashes the whole file).
+    verify_reads: str = "first"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", Path(self.directory).expanduser())
+        if self.verify_reads not in VERIFY_READS:
+            raise ConfigError(f"verify_reads must be one of {', '.join(VERIFY_READS)}, got {self.verify_reads!r}")
         if self.capacity is not None and self.capacity <= 0:
             raise ConfigError(f"cache capacity must be > 0, got {self.capacity}")
         if self.capacity is None and self.capacity_share is None:

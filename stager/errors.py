@@ -16,16 +16,25 @@ the standard library can still catch it (``except FileNotFoundError``)::
     │   └── CorruptData (ValueError)            bytes that do not match their digest
     │       └── OriginChanged                   the origin keeps serving other bytes than the manifest says
     ├── CacheError (OSError)                the node-local cache tier
-    │   ├── CacheFull                       no room even after eviction, or ENOSPC
-    │   └── BlobTooLarge                    a blob larger than the whole capacity
+    │   ├── CacheFull                       no room in the capacity even after eviction
+    │   │   └── DiskFull                    the disk holding the cache has no room (ENOSPC): not waited for
+    │   ├── BlobTooLarge                    a blob larger than the whole capacity
+    │   └── CacheCorrupt                    bytes on the cache disk that no longer match their digest
     └── DaemonError (ConnectionError)       the node daemon's socket or API
 
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
 the store's and the cache's edge, with ``raise ... from exc``. Only the CLI turns
 a ``StagerError`` into a one-line message; only ``fuse/`` turns one into errno.
+
+Work fanned out with ``asyncio.TaskGroup`` fails with an ``ExceptionGroup``;
+:func:`leaf_errors`, :func:`first_error` and :func:`group_message` are the one
+place that looks inside one (for code that re-raises a single error, and for
+the CLI's one line).
 """
 
 from __future__ import annotations
+
+import errno as _errno
 
 
 class StagerError(Exception):
@@ -77,25 +86,94 @@ class CacheError(StagerError, OSError):
 
 
 class CacheFull(CacheError):
-    """No room for a blob even after eviction, or the disk is full (ENOSPC)."""
+    """No room for a blob in the capacity even after eviction (see :class:`DiskFull` for ENOSPC)."""
+
+
+class DiskFull(CacheFull):
+    """The disk holding the cache has no room left (ENOSPC), whatever the capacity says.
+
+    Raised at once, never retried until a deadline: room only comes back when
+    something is deleted (by eviction, which has already been tried, or by hand).
+    Its ``errno`` is ENOSPC unless the cause said otherwise (EDQUOT).
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        if self.errno is None:
+            self.errno = _errno.ENOSPC
 
 
 class BlobTooLarge(CacheError):
     """A blob is larger than the whole cache capacity; refused up front."""
 
 
+class CacheCorrupt(CacheError):
+    """Bytes read back from the cache disk do not match their digest (rotted since they were verified).
+
+    The commit raises it after forgetting the bad blocks; fetching them again
+    brings good bytes. ``blocks`` names the bad
+    blocks (empty: the whole file is bad, or it is not known which block).
+    A reader that finds bad bytes raises it with the file's ``identity``
+    before anything is dropped; it drops them through the cache's API.
+    """
+
+    def __init__(self, message: str, blocks: tuple[int, ...] = (), identity: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.blocks = blocks
+        self.identity = identity  # (device, inode) of the bad file, when a reader found it
+
+
 class DaemonError(StagerError, ConnectionError):
     """The node daemon cannot be reached, or its API answered with an error."""
+
+
+def leaf_errors(group: BaseException) -> list[BaseException]:
+    """The errors inside ``group`` (nested groups flattened, in order); ``[group]`` if it is not a group."""
+    if not isinstance(group, BaseExceptionGroup):
+        return [group]
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:  # depth-first, keeping the order the group lists them in
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(reversed(exc.exceptions))
+        else:
+            leaves.append(exc)
+    return leaves
+
+
+def first_error(group: BaseException) -> BaseException:
+    """The error to report for ``group``: its first :class:`StagerError`, else its first error of any kind."""
+    leaves = leaf_errors(group)
+    return next((e for e in leaves if isinstance(e, StagerError)), leaves[0])
+
+
+def group_message(group: BaseException) -> str | None:
+    """One line for a group whose every error is a :class:`StagerError`; None if any is not (a bug).
+
+    The line is the first error's, then ``(and N other errors)`` when there are more.
+    Cancellations that the first failure caused in its sibling tasks are not counted.
+    """
+    import asyncio
+
+    leaves = [e for e in leaf_errors(group) if not isinstance(e, asyncio.CancelledError)]
+    if not leaves or not all(isinstance(e, StagerError) for e in leaves):
+        return None
+    others = len(leaves) - 1
+    suffix = f" (and {others} other error{'s' if others > 1 else ''})" if others else ""
+    return f"{leaves[0]}{suffix}"
 
 
 __all__ = [
     "AccessDenied",
     "BlobTooLarge",
+    "CacheCorrupt",
     "CacheError",
     "CacheFull",
     "ConfigError",
     "CorruptData",
     "DaemonError",
+    "DiskFull",
     "ManifestError",
     "OriginChanged",
     "OriginError",
@@ -104,4 +182,7 @@ __all__ = [
     "StagerError",
     "Throttled",
     "TransientOriginError",
+    "first_error",
+    "group_message",
+    "leaf_errors",
 ]

@@ -12,15 +12,28 @@ workers from ``torch.utils.data.get_worker_info()``. Pass the DataLoader's
 ranks and workers in the order the loader consumes them, which makes every
 step boundary a resumable point at any world size.
 
-Resuming:
+Resuming from a saved ``StatefulDataLoader.state_dict()``:
 
-* same world size and workers: ``StatefulDataLoader.load_state_dict`` (each
-  worker continues where it stopped; the stream is the same as without the
-  interruption), or ``num_workers=0`` with ``ds.state_dict()``;
-* another world size, worker count or batch size: load the loader's whole
-  state into the dataset, ``ds.load_state_dict(loader.state_dict())``, then
-  build a new loader; the rest of the epoch is re-dealt, each sample read
-  once across all ranks.
+* the same world size and workers: ``loader.load_state_dict(state)``; each
+  worker continues where it stopped, and the stream is the same as without
+  the interruption;
+* another world size, batch size or worker count (``num_workers=0``
+  included): build the loader with this module's :class:`StatefulDataLoader`
+  (a subclass of torchdata's: the same arguments) and call
+  ``loader.load_state_dict(state)``.
+  torchdata's own class asserts the same ``num_workers`` and hands each new
+  worker only its namesake's part of the state; this one reshapes a state
+  of another dealing so every new worker is given the whole (every old
+  worker's progress) and re-deals the rest of the epoch from it: each
+  sample is read once across all ranks. With torchdata's own class, a change
+  of world or batch size works too (the workers swap their parts as they
+  start, :mod:`.iterator.exchange`), a change of ``num_workers`` fails as
+  the loader starts with a line naming this class; or give the state to the
+  dataset instead, ``ds.load_state_dict(state)``, before building the loader.
+
+Every rank given the same state reaches the same re-deal or the same error
+from it, as its loader starts and before its first batch, so no rank trains
+on while another stopped.
 
 With ``num_workers > 0`` and non-persistent workers, call
 ``ds.set_epoch(epoch)`` before each epoch (like ``DistributedSampler``): the
@@ -30,6 +43,8 @@ workers' copies cannot move the dataset in the training process forward.
 from __future__ import annotations
 
 import os
+import secrets
+from types import SimpleNamespace
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -39,10 +54,19 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .errors import ConfigError
 from .iterator import TokenIterator
-from .iterator.state import StreamState, from_loader_state
+from .iterator.exchange import exchange
+from .iterator.state import StreamState, from_loader_state, gather
+
+try:  # optional: only StatefulDataLoader needs torchdata
+    from torchdata.stateful_dataloader import StatefulDataLoader as _TorchdataLoader
+    from torchdata.stateful_dataloader import incremental_state as _td_worker
+    from torchdata.stateful_dataloader import stateful_dataloader as _td_loader
+except ImportError:  # pragma: no cover - exercised by installs without torchdata
+    _TorchdataLoader = None
 
 _NUMPY_OF = {torch.int64: np.int64, torch.int32: np.int32, torch.uint16: np.uint16, torch.uint8: np.uint8,
              torch.int16: np.int16}
+EXCHANGE_TIMEOUT = 120.0  # seconds the workers of a loader wait for each other when they start
 
 
 def _distributed() -> tuple[int, int]:
@@ -85,6 +109,9 @@ class TokenDataset(IterableDataset):
         self._kwargs.update(source=self._template.source, manifest=self._template.manifest)
         self._epoch = self._template.epoch
         self._pending: StreamState | None = None
+        self._given: dict[str, Any] | None = None  # this worker's part of a loader state, until swapped
+        self._swapped_pid: int | None = None  # the worker process that swapped its part with its siblings
+        self._token = secrets.token_hex(8)  # names this dataset's workers' meeting (copies share it)
         self._iterator: TokenIterator | None = None
         self._pid = os.getpid()
 
@@ -111,6 +138,10 @@ class TokenDataset(IterableDataset):
             self._pending = None
         self._epoch = epoch
 
+    def stream_shape(self, num_workers: int) -> tuple[int, int, int]:
+        """How this dataset's epoch is dealt under a loader with ``num_workers``: (world, workers, batch)."""
+        return (self.world_size, max(num_workers, 1), self._template.layout.batch)
+
     def __len__(self) -> int:
         """Samples (or batches) per epoch for one consumer when the loader has no workers."""
         return len(self._template)
@@ -118,6 +149,8 @@ class TokenDataset(IterableDataset):
     def _bind(self) -> TokenIterator:
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        if info is not None and self._swapped_pid != os.getpid():
+            self._swap(info)
         it = self._local()
         if it is not None and (it.layout.workers, it.layout.worker) == (workers, worker) and self._pending is None:
             return it
@@ -129,6 +162,29 @@ class TokenDataset(IterableDataset):
             self._pending = None
         self._iterator, self._pid = it, os.getpid()
         return it
+
+    def _swap(self, info: Any) -> None:
+        """Meet this loader's other workers once, as this worker starts, and resume from all their parts.
+
+        Every worker of the loader comes here (torchdata asks each for its state as it starts; a plain
+        DataLoader's workers all fetch at once), given a part or not, so none waits for one that never comes.
+        """
+        base_seed = info.seed - info.id  # the same for every worker of one loader iterator
+        name = f"{self._token}-{os.getppid()}-{base_seed}-{info.num_workers}"
+        parts = exchange(name, info.id, info.num_workers, self._given, EXCHANGE_TIMEOUT)
+        given = gather(parts, None)
+        if given is not None and given.shape[1] != info.num_workers and not (all(parts) and given.complete):
+            # torchdata's own class handed out its namesakes' parts, and its restore asserts the same
+            # num_workers right after this (stager's StatefulDataLoader gives every worker the whole state
+            # instead): say why, and the ways that work, from every worker of every rank alike.
+            raise ConfigError(f"the DataLoader state was saved with num_workers={given.shape[1]} and this loader "
+                              f"has {info.num_workers}: torchdata's StatefulDataLoader.load_state_dict cannot "
+                              f"change the worker count; build the loader with stager.torch.StatefulDataLoader "
+                              f"(same arguments), or call ds.load_state_dict(state) before building it instead")
+        self._pending = gather(parts, self._pending)
+        if self._pending is not None:
+            self._epoch = self._pending.epoch
+        self._given, self._swapped_pid = None, os.getpid()
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         it = self._bind()
@@ -151,6 +207,9 @@ class TokenDataset(IterableDataset):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state of this dataset, or from a whole ``StatefulDataLoader.state_dict()``.
 
+        In a DataLoader worker (torchdata's ``StatefulDataLoader.load_state_dict`` calls it there, with
+        that worker's part of the loader state), the part is kept until the loader's workers swap theirs.
+
         Raises:
             ConfigError: another dataset, seq_len or order; or a re-deal without every worker's progress.
         """
@@ -159,7 +218,12 @@ class TokenDataset(IterableDataset):
             return  # a loader state taken before any worker reported: nothing was read
         t = self._template
         parsed.check(t.index.fingerprint, t.order_spec.seed, t.order_spec.shuffle, t.order_spec.shuffle_window)
-        self._pending, self._epoch = parsed, parsed.epoch
+        if get_worker_info() is not None and self._swapped_pid != os.getpid():
+            # StatefulDataLoader.load_state_dict, in a starting worker: this worker's part only; the
+            # workers swap their parts before they resume (see _swap).
+            self._given = parsed.to_dict()
+        else:
+            self._pending, self._epoch = parsed, parsed.epoch
         it = self._local()
         if it is not None:
             it.close()
@@ -180,3 +244,110 @@ class TokenDataset(IterableDataset):
         state = self.__dict__.copy()
         state["_iterator"] = None  # each process makes its own stream and staging session
         return state
+
+
+def _torchdata_keys() -> SimpleNamespace:
+    """The names torchdata keeps a loader state under, taken from torchdata itself (they are private there).
+
+    Raises:
+        ConfigError: this torchdata names them otherwise (another version than stager knows).
+    """
+    try:
+        multi = _td_loader._StatefulMultiProcessingDataLoaderIter
+        return SimpleNamespace(
+            snapshot=multi._SNAPSHOT, main=multi._MAIN_SNAPSHOT, workers=multi._WORKER_SNAPSHOTS,
+            snapshot_step=multi._SNAPSHOT_STEP, steps_since=multi._STEPS_SINCE_SNAPSHOT,
+            last_worker=multi._LAST_YIELDED_WORKER_ID, num_workers=multi._NUM_WORKERS, base_seed=multi._BASE_SEED,
+            num_yielded=_td_loader._StatefulSingleProcessDataLoaderIter._NUM_YIELDED,
+            finished=_td_loader._ITERATOR_FINISHED,
+            shared=(_td_loader._SAMPLER_ITER_STATE, _td_loader._INDEX_SAMPLER_STATE, _td_loader._SAMPLER_ITER_YIELDED,
+                    _td_loader._ITERABLEDATASET_LEN_CALLED, _td_loader._SHARED_SEED),
+            worker_id=_td_worker._WORKER_ID, fetcher=_td_worker._FETCHER_STATE, dataset=_td_worker._DATASET_STATE,
+            dataset_iter=_td_worker._DATASET_ITER_STATE, ended=_td_worker._FETCHER_ENDED,
+            worker_key=lambda i: multi._worker_key(None, i))
+    except AttributeError as exc:
+        raise ConfigError(f"this torchdata keeps its loader state under names stager.torch.StatefulDataLoader does "
+                          f"not know ({exc}); resume with ds.load_state_dict(state) instead") from exc
+
+
+def reshaped_loader_state(state: Mapping[str, Any], dataset: Any, num_workers: int) -> Mapping[str, Any]:
+    """A ``StatefulDataLoader.state_dict()`` in the shape torchdata restores for a loader of ``num_workers``.
+
+    A state of a :class:`TokenDataset` whose epoch was dealt otherwise than the new loader deals it (another
+    ``num_workers``, world size or batch size) becomes a state of the new loader's shape in which every worker
+    (or, without workers, the dataset) is given the whole stream state: the progress of every old worker,
+    with the steps the old loader yielded since its last snapshot credited, so no step is replayed; each
+    then re-deals the rest of the epoch from it. Any other state (the same shape, another dataset, nothing
+    read yet) is returned unchanged.
+
+    Raises:
+        ConfigError: the state is not shaped like this torchdata's loader states, or its stream states
+            disagree or belong to another dataset.
+    """
+    if not isinstance(dataset, TokenDataset) or not isinstance(state, Mapping) or not state:
+        return state
+    stream = from_loader_state(state)
+    if stream is None:
+        return state  # taken before any worker reported: nothing was read, nothing to re-deal
+    k = _torchdata_keys()
+    try:
+        if k.snapshot in state:
+            snapshot = state[k.snapshot]
+            main, saved_workers = snapshot[k.main], int(snapshot[k.main][k.num_workers])
+            yielded = int(snapshot[k.snapshot_step]) + int(state[k.steps_since])
+        elif k.num_yielded in state:
+            main, saved_workers, yielded = state, 0, int(state[k.num_yielded])
+        else:
+            raise KeyError(f"{k.snapshot} or {k.num_yielded}")
+        if saved_workers == num_workers and stream.shape == dataset.stream_shape(num_workers):
+            return state  # the same dealing: torchdata's own restore continues each worker exactly
+        shared = {key: main[key] for key in k.shared}
+        finished = bool(state[k.finished])
+        base_seed = main.get(k.base_seed)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"the DataLoader state is not shaped like a torchdata StatefulDataLoader state "
+                          f"(missing or malformed: {exc}); was it saved by another torchdata version?") from exc
+    whole = stream.to_dict()
+    fetcher = {k.dataset_iter: None, k.ended: False}  # TokenDataset's iterator holds no state of its own
+    if num_workers == 0:
+        return {**shared, k.num_yielded: yielded, k.fetcher: fetcher, k.dataset: whole, k.finished: finished}
+    if base_seed is None:  # saved without workers: draw one as torch does for a new loader iterator
+        base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
+    workers = {k.worker_key(i): {k.worker_id: i, k.fetcher: dict(fetcher), k.dataset: whole}
+               for i in range(num_workers)}
+    return {
+        k.snapshot: {
+            k.main: {**shared, k.num_workers: num_workers, k.base_seed: base_seed},
+            k.workers: workers,
+            k.snapshot_step: yielded,
+            k.last_worker: num_workers - 1,  # the re-dealt rest starts at worker 0, as a new epoch does
+        },
+        k.steps_since: 0,
+        k.finished: finished,
+    }
+
+
+if _TorchdataLoader is not None:
+    class StatefulDataLoader(_TorchdataLoader):
+        """torchdata's ``StatefulDataLoader`` whose ``load_state_dict`` also takes another ``num_workers``.
+
+        The same constructor, ``state_dict`` and ``load_state_dict``; only the import changes. torchdata's own
+        class asserts that a state was saved with the loader's ``num_workers`` and hands each new worker only
+        its namesake's part; this one first reshapes a :class:`TokenDataset` state saved at another worker
+        count, world size or batch size (:func:`reshaped_loader_state`), so every worker re-deals the rest of
+        the epoch from the whole. The same shape passes through untouched: the stream continues exactly.
+        """
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            """Resume from ``state_dict``, a ``state_dict()`` of this loader class or of torchdata's.
+
+            Raises:
+                ConfigError: a state not shaped like torchdata's, or of another dataset or order.
+            """
+            super().load_state_dict(reshaped_loader_state(state_dict, self.dataset, self.num_workers))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StatefulDataLoader":
+        raise ImportError("stager.torch.StatefulDataLoader needs torchdata (install the 'torch' extra of stager)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

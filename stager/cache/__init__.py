@@ -6,15 +6,21 @@ COMPLETE. On disk (see ``layout.py``)::
     CACHE/stager-cache.toml       format name and version; an unknown version is refused
     CACHE/index.sqlite            the index (WAL): rows per blob, verified blocks, pins, holds, datasets
     CACHE/blobs/ab/abcdef...      COMPLETE blobs: read-only, every block verified
-    CACHE/partial/<digest>.<gen>  PARTIAL blobs: sparse files of full size, filled block by block
+    CACHE/index.reserve           room the index takes when the disk is full (reserve.py)
+    CACHE/partial/<digest>.<gen>  PARTIAL blobs: files of full size (allocated), filled block by block
     CACHE/locks/<digest>.lock     per-blob flock files (one fetcher per blob across processes)
 
 How a blob gets there. ``begin`` reserves the blob's size against the capacity
-and creates the sparse partial file, both inside one ``BEGIN IMMEDIATE``
-transaction of the index, which is also the cross-process lock for every
-capacity decision. ``write_block`` pwrites a block the engine has verified,
-fdatasyncs it, and only then records it as verified. ``commit`` fsyncs the
-file, makes it read-only and renames it into ``blobs/`` (then fsyncs that
+and against the room left on the disk (the capacity follows the disk where the
+disk is smaller), and creates the partial file with its blocks allocated, all
+inside one ``BEGIN IMMEDIATE`` transaction of the index, which is also the
+cross-process lock for every capacity decision. A disk with no room left even
+after eviction is :class:`~stager.errors.DiskFull` at once, never waited on.
+``write_block`` pwrites a block the engine has verified, fdatasyncs it, and
+only then records it as verified. ``commit`` re-hashes the whole file against
+the blob's digest (a recorded block that rotted on the disk is forgotten and
+fetched again, never committed), fsyncs the file, makes it read-only and
+renames it into ``blobs/`` (then fsyncs that
 directory) inside the transaction that marks the blob complete. Eviction and
 removal unlink the file inside the transaction that drops the row; a reader
 that already opened or mapped the file keeps reading it (POSIX).
@@ -22,7 +28,9 @@ that already opened or mapped the file keeps reading it (POSIX).
 Why a crash at any point leaves a consistent cache:
 
 - a file under ``blobs/`` only ever appears by renaming a partial file whose
-  every block was verified and fsynced, so it is complete and correct;
+  every block was verified and fsynced and whose whole bytes were re-hashed
+  just before, so it is complete and correct (when renamed: readers check
+  again what they read, see ``reader.py``);
 - a block is recorded only after its bytes are on disk, so the index never
   claims a byte that is not there (blocks written with ``durable=False`` are
   safe against a process crash; after a reboot they are forgotten and fetched

@@ -18,23 +18,35 @@ are fetched again) or leaves a state the start-up reconciliation repairs
 (see the package docstring). One writing connection per tier, shared by
 threads under a re-entrant lock, plus a reading connection per thread;
 statements take microseconds, slow I/O happens outside transactions.
+
+On a full disk sqlite cannot open, write or even delete (each needs room in
+the ``-shm`` and ``-wal`` files first): an open, a statement or a commit that
+fails for want of room is tried once more after the cache's reserve file is
+given up for it (``reserve.py``). :meth:`BlobIndex.snapshot` reads the main
+file alone, for the read-only commands, when even that room is gone.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
 import sys
 import threading
 import time
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from ..errors import CacheError
+from ..errors import CacheError, DiskFull
 from .fileio import sqlite_error
 from .records import BlobState, DatasetSummary
+from .reserve import IndexReserve
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 
@@ -70,6 +82,21 @@ _SCHEMA = (
 )
 
 _ROW_COLUMNS = "digest, state, size, block_size, block_digests, gen, charged, last_access, consumed, volatile_boot"
+
+
+def _wants_room(exc: sqlite3.Error) -> bool:
+    """Whether sqlite may have failed for want of disk space: SQLITE_FULL, or the I/O error it gives
+    when the ``-shm`` file cannot grow."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+
+
+def _disk_nearly_full(directory: Path) -> bool:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1024 * 1024
 
 
 def pack_block_digests(digests: Sequence[int]) -> bytes:
@@ -140,32 +167,87 @@ class BlobIndex:
     block on writers.
     """
 
-    def __init__(self, path: Path, *, busy_timeout: float = 60.0) -> None:
+    def __init__(self, path: Path, *, busy_timeout: float = 60.0, reserve: IndexReserve | None = None) -> None:
         self.path = path
         self._busy_timeout = busy_timeout
+        self._reserve = reserve
         self._lock = threading.RLock()
         self._tx_thread: int | None = None  # the thread inside write(), if any
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
+        self._snapshot = False
         try:
-            self._conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
-                                         check_same_thread=False)
+            self._conn = self._open()
         except sqlite3.Error as exc:
-            raise sqlite_error(exc, f"{path}: cannot open the cache index") from exc
+            if not self._give_room(exc):
+                raise self._open_error(exc) from exc
+            try:  # opening on a full disk needs room for the -shm and -wal files: the reserve's
+                self._conn = self._open()
+            except sqlite3.Error as again:
+                raise self._open_error(again) from again
+
+    @classmethod
+    def snapshot(cls, path: Path) -> "BlobIndex":
+        """A read-only view of the index as its main file holds it, for a disk too full to open it
+        the usual way (WAL mode must size its ``-shm`` file first). It misses changes still in a
+        ``-wal`` file that no process checkpointed (one killed, or one running now); writes fail.
+
+        Raises:
+            CacheError: the index cannot be read, or has an unknown schema version.
+        """
+        index = cls.__new__(cls)
+        index.path, index._busy_timeout, index._reserve = path, 0.0, None
+        index._lock, index._tx_thread, index._local = threading.RLock(), None, threading.local()
+        index._readers, index._readers_lock, index._snapshot = [], threading.Lock(), True
         try:
-            mode = self._enable_wal(busy_timeout)
+            index._conn = sqlite3.connect(f"{Path(path).absolute().as_uri()}?immutable=1", uri=True,
+                                          isolation_level=None, check_same_thread=False)
+            version = index._conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc, f"{path}: cannot read the cache index") from exc
+        if version != SCHEMA_VERSION:
+            index._conn.close()
+            raise CacheError(f"{path}: cache index schema version {version} is not supported by this stager "
+                             f"(it knows version {SCHEMA_VERSION})")
+        return index
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                               check_same_thread=False)
+        self._conn = conn
+        try:
+            mode = self._enable_wal(self._busy_timeout)
             if str(mode).lower() != "wal":
-                raise CacheError(f"{path}: the cache index cannot use WAL journaling (got {mode!r}); "
+                raise CacheError(f"{self.path}: the cache index cannot use WAL journaling (got {mode!r}); "
                                  "put the cache on a local file system")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            # A WAL that grew (a big transaction, a checkpoint held back by a reader) gives its room
+            # back to the disk at the next reset instead of keeping it for good.
+            limit = self._reserve.nbytes if self._reserve is not None else 4 * 1024 * 1024
+            conn.execute(f"PRAGMA journal_size_limit = {int(limit)}")
             self._init_schema()
-        except sqlite3.Error as exc:
-            self._conn.close()
-            raise sqlite_error(exc, f"{path}: cannot open the cache index") from exc
         except BaseException:
-            self._conn.close()
+            conn.close()
             raise
+        return conn
+
+    def _open_error(self, exc: sqlite3.Error) -> CacheError:
+        if _wants_room(exc) and _disk_nearly_full(self.path.parent):
+            err = DiskFull(f"{self.path}: cannot open the cache index: the disk holding it is full "
+                           f"({exc}); free some space on it")
+            err.errno = errno.ENOSPC
+            return err
+        return sqlite_error(exc, f"{self.path}: cannot open the cache index")
+
+    def _error(self, exc: sqlite3.Error, what: str) -> CacheError:
+        """``exc`` as a CacheError naming the cache directory (an error may reach a user as it is)."""
+        return sqlite_error(exc, f"cache {self.path.parent}: {what}")
+
+    def _give_room(self, exc: sqlite3.Error) -> bool:
+        """sqlite failed, maybe for want of disk space: release the reserve for it; True if the
+        reserve was there to release (then trying once more may succeed)."""
+        return _wants_room(exc) and self._reserve is not None and self._reserve.release()
 
     def _enable_wal(self, busy_timeout: float) -> str:
         """Switch a new database to WAL (a no-op once done: the mode is stored in the file).
@@ -221,7 +303,12 @@ class BlobIndex:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise sqlite_error(exc, "starting a cache index transaction") from exc
+                if not self._give_room(exc):
+                    raise self._error(exc, "starting a cache index transaction") from exc
+                try:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.Error as again:
+                    raise self._error(again, "starting a cache index transaction") from again
             self._tx_thread = threading.get_ident()
             try:
                 yield
@@ -231,10 +318,19 @@ class BlobIndex:
                 raise
             self._tx_thread = None
             try:
-                self._conn.execute("COMMIT")
+                self._commit()
             except sqlite3.Error as exc:
                 self._rollback()
-                raise sqlite_error(exc, "committing a cache index transaction") from exc
+                raise self._error(exc, "committing a cache index transaction") from exc
+
+    def _commit(self) -> None:
+        try:
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # On SQLITE_FULL the transaction usually stays open: with the reserve's room it commits.
+            if not (self._conn.in_transaction and self._give_room(exc)):
+                raise
+            self._conn.execute("COMMIT")
 
     def _rollback(self) -> None:
         try:
@@ -244,15 +340,26 @@ class BlobIndex:
 
     def _exec(self, sql: str, params: Sequence | dict = ()) -> sqlite3.Cursor:
         with self._lock:
-            try:
-                return self._conn.execute(sql, params)
-            except sqlite3.Error as exc:
-                raise sqlite_error(exc, "using the cache index") from exc
+            return self._with_room(lambda: self._conn.execute(sql, params), "using the cache index")
+
+    def _with_room(self, statement: Callable[[], T], what: str) -> T:
+        """Run one statement; if it fails for want of disk space, once more with the reserve's room
+        (only while the transaction it belongs to, if any, is still open: sqlite undid just it)."""
+        inside = self._conn.in_transaction
+        try:
+            return statement()
+        except sqlite3.Error as exc:
+            if self._conn.in_transaction != inside or not self._give_room(exc):
+                raise self._error(exc, what) from exc
+        try:
+            return statement()
+        except sqlite3.Error as exc:
+            raise self._error(exc, what) from exc
 
     def _reader(self) -> sqlite3.Connection | None:
         """This thread's read connection, or None inside this thread's write transaction
         (which must read through the writer to see its own changes)."""
-        if self._tx_thread == threading.get_ident():
+        if self._tx_thread == threading.get_ident() or self._snapshot:
             return None
         conn = getattr(self._local, "conn", None)
         if conn is None:
@@ -272,7 +379,7 @@ class BlobIndex:
             with self._lock:
                 return self._conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
-            raise sqlite_error(exc, "reading the cache index") from exc
+            raise self._error(exc, "reading the cache index") from exc
 
     def _one(self, sql: str, params: Sequence = ()) -> tuple | None:
         try:
@@ -282,14 +389,16 @@ class BlobIndex:
             with self._lock:
                 return self._conn.execute(sql, params).fetchone()
         except sqlite3.Error as exc:
-            raise sqlite_error(exc, "reading the cache index") from exc
+            raise self._error(exc, "reading the cache index") from exc
 
     def _many(self, sql: str, rows: Iterable[Sequence]) -> int:
         with self._lock:
-            try:
+            if isinstance(rows, (list, tuple)):  # can be run again with the reserve's room
+                return self._with_room(lambda: self._conn.executemany(sql, rows).rowcount, "writing the cache index")
+            try:  # a generator (a million dataset members) is not copied just to be replayable
                 return self._conn.executemany(sql, rows).rowcount
             except sqlite3.Error as exc:
-                raise sqlite_error(exc, "writing the cache index") from exc
+                raise self._error(exc, "writing the cache index") from exc
 
     def close(self) -> None:
         with self._readers_lock:

@@ -5,9 +5,11 @@
     CACHE/
       stager-cache.toml          format = "stager-cache", version = 1 (written once, atomically)
       index.sqlite (-wal, -shm)  the blob index (see blob_index.py)
+      index.reserve              room kept for the index on a full disk (see reserve.py)
       blobs/ab/abcdef...         complete blobs, read-only, one directory per first digest byte
                                  (made by the first commit that needs it)
-      partial/<digest>.<gen>     partial blobs: sparse files of the blob's full size
+      partial/<digest>.<gen>     partial blobs: files of the blob's full size, allocated up front
+                                 where the file system can (sparse elsewhere)
       locks/<digest>.lock        per-blob flock files, unlinked by their holder on release
 
 The generation suffix of a partial file is random and also recorded in the

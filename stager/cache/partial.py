@@ -4,9 +4,11 @@ Each block is written at ``index * block_size`` (its whole pages with
 ``O_DIRECT`` where the filesystem allows, see :mod:`.direct`), made durable
 with ``fdatasync`` (unless the caller opts out) and only then recorded as
 verified in the index, so the index never claims a byte that is not on disk.
-Threads may write different blocks of one blob at once. ``commit`` fsyncs the
-file, makes it read-only and renames it into ``blobs/`` inside the index
-transaction that marks it complete.
+Threads may write different blocks of one blob at once. ``commit`` re-hashes
+the whole file against the blob's digest (a verified block may have changed on
+the disk since; it is then forgotten, to be fetched again), fsyncs the file,
+makes it read-only and renames it into ``blobs/`` inside the index transaction
+that marks it complete.
 """
 
 from __future__ import annotations
@@ -186,9 +188,16 @@ class PartialBlob:
             raise os_error(exc, f"reading block {index} of blob {self.digest}") from exc
 
     def commit(self) -> Path:
-        """Make the blob complete: fsync, read-only, atomic rename into ``blobs/``; returns its path.
+        """Make the blob complete: re-hash the whole file, fsync, read-only, atomic rename into
+        ``blobs/``; returns its path.
+
+        The re-hash (xxh3-128 of the whole file against the blob's digest) catches a
+        verified block that changed on disk since it was written: such blocks are
+        forgotten (:attr:`verified` loses them) and nothing is committed.
 
         Raises:
+            CacheCorrupt: a verified block changed on disk (it is forgotten: write it again).
+            ManifestError: the blocks match their digests but the whole file does not match the blob's.
             CacheError: blocks are missing, the blob was evicted or removed, or an I/O error.
         """
         if self._gen is None:
@@ -201,6 +210,11 @@ class PartialBlob:
         with self._lock:
             self._verified = set(range(self.block_count))
         return path
+
+    def _forget_blocks(self, indexes: Sequence[int]) -> None:
+        """Blocks found bad on disk (the tier forgot them in the index): to be written again."""
+        with self._lock:
+            self._verified.difference_update(indexes)
 
     def close(self) -> None:
         """Release the file handle (the partial blob stays in the cache, resumable)."""

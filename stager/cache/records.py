@@ -10,7 +10,7 @@ class BlobState(IntEnum):
     """A blob's life cycle in the cache: ABSENT -> PARTIAL -> COMPLETE -> (evicted) ABSENT."""
 
     ABSENT = 0
-    PARTIAL = 1  # a sparse file under partial/ plus the set of blocks verified in it
+    PARTIAL = 1  # a file under partial/ plus the set of blocks verified in it
     COMPLETE = 2  # a read-only file under blobs/, every block verified
 
 

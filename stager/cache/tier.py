@@ -8,6 +8,7 @@ open the same directory at once.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -20,19 +21,21 @@ from pathlib import Path
 import xxhash
 
 from ..config import CacheConfig
-from ..errors import BlobTooLarge, CacheError, CacheFull
+from ..errors import BlobTooLarge, CacheCorrupt, CacheError, CacheFull, DiskFull, ManifestError
 from ..hashing import block_count
 from .blob_index import BlobIndex, BlobRow, Candidate, pack_block_digests
 from .direct import DirectWriter, open_direct
 from .eviction import Rank, VictimQueue
-from .fileio import os_error
+from .fileio import allocate, os_error
 from .layout import check_digest, check_digests, fsync_dir, make_shard_dir, new_generation, open_layout
 from .liveness import ProcessIdentity, boot_id, current_process, is_alive
 from .locks import BlobLock, LockTable, sweep_lock_files
 from .partial import PartialBlob
 from .reconcile import ReconcileReport, disk_charge, reconcile, repair_partial
+from .reader import file_digest, stamp_checked
+from .reserve import IndexReserve
 from .records import BlobRecord, BlobState, CacheUsage, DatasetSummary, VerifyReport
-from .verify import scrub
+from .verify import check_blocks, scrub
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,11 @@ class CacheTier:
         self.config = config
         self._layout = open_layout(config.directory)
         self.directory: Path = self._layout.root
-        self._index = BlobIndex(self._layout.index_path, busy_timeout=busy_timeout)
+        try:
+            self._reserve = IndexReserve(self.directory)
+        except OSError as exc:
+            raise os_error(exc, f"{self.directory}: cannot use the cache directory") from exc
+        self._index = BlobIndex(self._layout.index_path, busy_timeout=busy_timeout, reserve=self._reserve)
         self._closed = False
         self._locks = LockTable()
         self._touch_lock = threading.Lock()
@@ -80,6 +87,7 @@ class CacheTier:
             st = os.statvfs(self.directory)
             self._unit = max(4096, st.f_frsize)
             self._boot = boot_id()
+            self._reserve.ensure()
             self.last_reconcile: ReconcileReport | None = None
             if reconcile:
                 self.last_reconcile = self.reconcile()
@@ -91,20 +99,40 @@ class CacheTier:
 
     @property
     def capacity(self) -> int:
-        """The capacity in bytes."""
+        """The capacity in bytes: the configured one, or less where the disk cannot hold that much
+        (what the cache uses plus the room left on its disk, see :meth:`disk_room`)."""
+        used = self._index.used()
+        return min(self._capacity, used + max(0, self.disk_room()))
+
+    @property
+    def configured_capacity(self) -> int:
+        """The capacity the configuration gives, whatever the disk holds."""
         return self._capacity
+
+    def disk_room(self) -> int:
+        """Bytes the disk holding the cache can still take for blobs: its free space less the room
+        kept for the index (``reserve.py``); negative when another program filled it past that."""
+        try:
+            return self._reserve.disk_room()
+        except OSError as exc:
+            raise os_error(exc, f"{self.directory}: cannot stat the cache's disk") from exc
 
     def reconcile(self) -> ReconcileReport:
         """Bring index and disk in line (done at start-up); safe while other processes use the cache."""
         report = reconcile(self._index, self._layout, self._boot)
         report.lock_files_removed = sweep_lock_files(self._layout.locks_dir, self._locks)
+        try:
+            self._reserve.sweep()
+        except OSError as exc:
+            raise os_error(exc, f"{self.directory}: sweeping half-made index reserves") from exc
         report.dead_owners = self._drop_dead_owners()[1]
         return report
 
     def usage(self) -> CacheUsage:
-        """Bytes used (complete blobs' disk blocks + partial blobs' reservations), capacity, counts."""
+        """Bytes used (complete blobs' disk blocks + partial blobs' reservations), capacity (as
+        :attr:`capacity`: no more than the disk can hold), counts."""
         complete, partial = self._index.counts()
-        return CacheUsage(self._index.used(), self._capacity, complete, partial)
+        return CacheUsage(self._index.used(), self.capacity, complete, partial)
 
     def state(self, digest: str) -> BlobState:
         """ABSENT, PARTIAL or COMPLETE."""
@@ -171,19 +199,29 @@ class CacheTier:
             raise BlobTooLarge(f"blob {digest} ({size} bytes) is larger than the whole cache "
                                f"({self._capacity} bytes) at {self.directory}")
         protected = frozenset(protect) | {digest}
+        self._reserve.ensure()
+        short_on_disk = False
         for _ in range(_BEGIN_ATTEMPTS):
-            handle, deficit = self._begin_once(digest, size, block_size, packed, need)
+            handle, deficit, short_on_disk = self._begin_once(digest, size, block_size, packed, need)
             if handle is not None:
                 return handle
+            # Evicting unlinks files; a file another process still has open or mapped keeps its
+            # blocks until it is closed, so the next try looks at the disk again, not at our books.
             if self.evict(deficit, rank=rank, protect=protected) == 0:
                 break
         used = self._index.used()
+        if short_on_disk:
+            raise DiskFull(f"cache {self.directory}: its disk is full: no room for blob {digest} ({size:,} bytes); "
+                           f"the disk has {max(0, self.disk_room()):,} bytes left for blobs, the cache uses "
+                           f"{used:,} of the {self._capacity:,} bytes of capacity it was given "
+                           "and nothing more could be evicted: free space on that disk")
         raise CacheFull(f"no room for blob {digest} ({size} bytes) in the cache at {self.directory}: "
                         f"{used} of {self._capacity} bytes are taken by pinned, held or busy blobs")
 
     def _begin_once(self, digest: str, size: int, block_size: int, packed: bytes,
-                    need: int) -> tuple[PartialBlob | None, int]:
-        """One try under the index's write lock: a handle, or (None, bytes that must be freed)."""
+                    need: int) -> tuple[PartialBlob | None, int, bool]:
+        """One try under the index's write lock: a handle, or (None, bytes that must be freed,
+        whether the disk rather than the capacity is short of them)."""
         opened: tuple[int, Path] | None = None  # a file created here, undone if the transaction fails
         resumed: PartialBlob | None = None  # a handle opened here, closed if the transaction fails
         try:
@@ -198,15 +236,19 @@ class CacheTier:
                 if row is not None:
                     resumed = self._open_existing(row)
                     if resumed is not None:
-                        return resumed, 0
-                used = self._index.used()
-                if used + need > self._capacity:
-                    return None, used + need - self._capacity
+                        return resumed, 0, False
+                over = self._index.used() + need - self._capacity
+                short = need - self.disk_room() if need else 0  # an empty blob needs no room
+                if over > 0 or short > 0:
+                    return None, max(over, short), short > 0
                 gen = new_generation()
                 path = self._layout.partial_path(digest, gen)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
                 opened = (fd, path)
-                os.ftruncate(fd, size)
+                if not self._claim_disk(fd, size):
+                    self._undo_create(fd, path)
+                    opened = None
+                    return None, need, True  # another program took the room meanwhile
                 self._index.insert_partial(digest, size, block_size, packed, gen, need, time.time())
         except BaseException as exc:
             if opened is not None:
@@ -216,7 +258,24 @@ class CacheTier:
             if isinstance(exc, OSError) and not isinstance(exc, CacheError):
                 raise os_error(exc, f"creating partial blob {digest} in {self.directory}") from exc
             raise
-        return self._handle(digest, size, block_size, gen, opened[1], opened[0], set()), 0
+        return self._handle(digest, size, block_size, gen, opened[1], opened[0], set()), 0, False
+
+    @staticmethod
+    def _claim_disk(fd: int, size: int) -> bool:
+        """Give a new partial file its full size, its blocks allocated on the disk where the file
+        system can (so its writes cannot meet a full disk); False if the disk has no room for them.
+
+        Where allocating is not supported the file stays sparse, and a write that meets a full
+        disk fails with :class:`DiskFull` instead.
+        """
+        os.ftruncate(fd, size)
+        try:
+            allocate(fd, size)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                return False
+            raise
+        return True
 
     @staticmethod
     def _undo_create(fd: int, path: Path) -> None:
@@ -298,6 +357,7 @@ class CacheTier:
         if missing:
             raise CacheError(f"blob {digest}: cannot commit, {missing} of {handle.block_count} blocks "
                              "are not verified")
+        self._check_before_commit(handle, fd, gen)
         dest = self._layout.complete_path(digest)
         try:
             os.fsync(fd)
@@ -337,6 +397,82 @@ class CacheTier:
                 raise os_error(exc, f"committing blob {digest}") from exc
             raise
         return dest
+
+    def _check_before_commit(self, handle: PartialBlob, fd: int, gen: str) -> None:
+        """Re-hash the whole partial file against the blob's digest: a block recorded as verified may
+        have rotted on the disk since (or been written over). The bad blocks are forgotten, so the
+        next fetch brings them again, and :class:`CacheCorrupt` names them.
+
+        Raises:
+            CacheCorrupt: the file does not hash to the digest (bad blocks forgotten).
+            ManifestError: every block matches its digest but the whole file does not match the
+                blob's: the manifest's digests disagree with each other.
+            CacheError: a read error.
+        """
+        digest = handle.digest
+        try:
+            actual = file_digest(fd, handle.size, drop_cache=handle._direct_fd is not None)
+        except OSError as exc:
+            if isinstance(exc, CacheError):
+                raise
+            raise os_error(exc, f"re-reading blob {digest} before its commit") from exc
+        if actual == digest:
+            stamp_checked(fd)  # readers may take its pages in the page cache as they are (see reader.py)
+            return
+        row = self._index.get(digest)
+        if row is None or row.gen != gen:
+            raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its commit; "
+                             "begin() it again")
+        try:
+            bad, _ = check_blocks(self._layout.partial_path(digest, gen), row.size, row.block_size,
+                                  row.block_digests)
+        except OSError as exc:
+            raise os_error(exc, f"re-reading blob {digest} before its commit") from exc
+        if not bad:
+            raise ManifestError(f"blob {digest}: every block matches the manifest's block digests but the "
+                                "whole file does not match the blob digest; the manifest is inconsistent")
+        self._index.forget_blocks(digest, bad)
+        handle._forget_blocks(bad)
+        log.warning("cache %s: blob %s: %d verified block(s) changed on disk before the commit (%s); "
+                    "they are fetched again", self.directory, digest, len(bad), ", ".join(map(str, bad[:8])))
+        raise CacheCorrupt(f"blob {digest}: block(s) {', '.join(map(str, bad[:8]))} changed on the cache disk "
+                           "after they were verified; not committed, they must be fetched again", tuple(bad))
+
+    def drop_corrupt(self, digest: str, identity: tuple[int, int], blocks: Sequence[int] | None = None) -> bool:
+        """A reader found bytes of the file ``identity`` (device, inode) that do not match their digest:
+        drop the blob (complete) or forget those ``blocks`` (partial), so the engine fetches them again.
+
+        Nothing is dropped if the blob's file is no longer that file (already dropped and fetched
+        again by someone). Returns True if something was dropped.
+
+        Raises:
+            CacheError: an I/O or index error.
+        """
+        check_digest(digest)
+        with self._index.write():
+            row = self._index.get(digest)
+            if row is None:
+                return False
+            if row.state is BlobState.COMPLETE:
+                path = self._layout.complete_path(digest)
+            else:
+                path = self._layout.partial_path(digest, row.gen)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise os_error(exc, f"dropping corrupt blob {digest}") from exc
+            if (st.st_dev, st.st_ino) != tuple(identity):
+                return False
+            if row.state is BlobState.COMPLETE or blocks is None:
+                self._unlink_blob_file(row)
+                self._index.delete_blob(digest)
+            else:
+                self._index.forget_blocks(digest, list(blocks))
+        log.warning("cache %s: blob %s changed on disk after it was verified; dropped, to be fetched again",
+                    self.directory, digest)
+        return True
 
     @staticmethod
     def _restore_writable(fd: int) -> None:

@@ -27,6 +27,22 @@ READ_CHUNK = 16 * 1024 * 1024
 _PAGE = 256
 
 
+def _sampled(index: BlobIndex, sample: float | None, seed: int | None) -> Iterator[BlobRow]:
+    """Every row, or a ``sample`` share of them: at least one when there are any and ``sample > 0``
+    (a sample of a small cache that picked nothing would report it verified without reading a byte)."""
+    rng = random.Random(seed)
+    after = ""
+    picked = False
+    while rows := index.page(after, _PAGE):
+        after = rows[-1].digest
+        for row in rows:
+            if sample is None or rng.random() < sample:
+                picked = True
+                yield row
+    if not picked and sample and (first := index.page("", 1)):
+        yield first[0]
+
+
 def scrub(index: BlobIndex, layout: CacheLayout, sample: float | None = None,
           seed: int | None = None) -> Iterator[tuple[BlobRow, BlobCheck]]:
     """Check every blob (or a ``sample`` share of them); yields each row checked with its result.
@@ -36,28 +52,22 @@ def scrub(index: BlobIndex, layout: CacheLayout, sample: float | None = None,
     Raises:
         CacheError: a read error other than a vanished file.
     """
-    rng = random.Random(seed)
-    after = ""
-    while rows := index.page(after, _PAGE):
-        after = rows[-1].digest
-        for row in rows:
-            if sample is not None and rng.random() >= sample:
+    for row in _sampled(index, sample, seed):
+        if row.state is BlobState.COMPLETE:
+            path, indexes = layout.complete_path(row.digest), None
+            blocks = row.block_count
+        else:
+            path, indexes = layout.partial_path(row.digest, row.gen), index.verified(row.digest)
+            blocks = len(indexes)
+            if not indexes:
                 continue
-            if row.state is BlobState.COMPLETE:
-                path, indexes = layout.complete_path(row.digest), None
-                blocks = row.block_count
-            else:
-                path, indexes = layout.partial_path(row.digest, row.gen), index.verified(row.digest)
-                blocks = len(indexes)
-                if not indexes:
-                    continue
-            try:
-                bad, nread = check_blocks(path, row.size, row.block_size, row.block_digests, indexes)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise os_error(exc, f"verifying blob {row.digest}") from exc
-            yield row, BlobCheck(blocks, nread, bad)
+        try:
+            bad, nread = check_blocks(path, row.size, row.block_size, row.block_digests, indexes)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise os_error(exc, f"verifying blob {row.digest}") from exc
+        yield row, BlobCheck(blocks, nread, bad)
 
 
 def check_blocks(path: Path, size: int, block_size: int, block_digests: bytes,

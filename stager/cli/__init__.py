@@ -1,10 +1,11 @@
 """The ``stager`` command line (click).
 
 Settings come from, highest first: flags, ``STAGER_*`` environment variables
-(each option names its variable in ``--help``), then a TOML file given by
-``--config`` or ``STAGER_CONFIG``. In that file, top-level keys apply to every
-command that has an option of that name, and a ``[command]`` table applies to
-one command only::
+(``--help`` names each option's variable), then a TOML file given by
+``--config`` or ``STAGER_CONFIG`` (checked as a whole first: see
+:mod:`.config_file`). In that file, top-level keys apply to every command that
+has an option of that name, and a ``[command]`` table applies to one command
+only::
 
     cache = "/nvme/stager"
     capacity = "80%"
@@ -13,8 +14,10 @@ one command only::
     [stage]
     concurrency = 32
 
-A :class:`~stager.errors.StagerError` ends the command with one line on stderr
-and exit status 1; a traceback means a bug.
+A :class:`~stager.errors.StagerError` (or a task group of them) ends the
+command with one line on stderr and exit status 1; a bad flag, variable or
+config value ends it with one line naming where the value came from and exit
+status 2. A traceback means a bug.
 """
 
 from __future__ import annotations
@@ -29,34 +32,14 @@ from typing import Any
 import click
 
 from .. import __version__
-from ..config import load_toml
-from ..errors import StagerError
+from ..errors import StagerError, group_message
+from .config_file import check_config, load_config_file
+from .failure import usage_error_line
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
-
-
-def _default_map(config: dict[str, Any], commands: dict[str, click.Command]) -> dict[str, dict[str, Any]]:
-    """Turn the TOML layout (shared top-level keys, per-command tables) into click's default_map."""
-    shared = {k: v for k, v in config.items() if not isinstance(v, dict) or k == "storage_options"}
-    result: dict[str, dict[str, Any]] = {}
-    for name, command in commands.items():
-        params = {p.name for p in command.params}
-        # A key names an option by its flag (``cache`` for ``--cache``) or by its parameter name.
-        by_flag = {opt.lstrip("-").replace("-", "_"): p.name for p in command.params
-                   for opt in getattr(p, "opts", ()) if opt.startswith("--")}
-        merged = {**shared, **config.get(name, {})}
-        values: dict[str, Any] = {}
-        for key, value in merged.items():
-            key = key.replace("-", "_")
-            if key == "storage_options" and "storage_option" in params and isinstance(value, dict):
-                values["storage_option"] = [f"{k}={v}" for k, v in value.items()]
-            elif key in params:
-                values[key] = value
-            elif by_flag.get(key) is not None:
-                values[by_flag[key]] = value
-        result[name] = values
-    return result
+#: Where the checked config file (a ConfigFile, or None) is kept in the context's meta.
+CONFIG_META = "stager.config_file"
 
 
 #: Each subcommand and the module that defines it: a command's module (and what it
@@ -75,8 +58,20 @@ COMMAND_MODULES = {
 }
 
 
+class StagerCommand(click.Command):
+    """A subcommand whose ``--help`` names each option's ``STAGER_*`` variable."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, click.Option) and param.envvar:
+                param.show_envvar = True
+
+
 class StagerGroup(click.Group):
     """A click group that loads its subcommands on first use and the TOML config before their options."""
+
+    command_class = StagerCommand
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(COMMAND_MODULES) | set(self.commands))
@@ -95,9 +90,17 @@ class StagerGroup(click.Group):
 
     def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
         config_path = _find_config_path(args)
-        if config_path:
-            extra["default_map"] = _default_map(load_toml(config_path), self.all_commands())
-        return super().make_context(info_name, args, parent=parent, **extra)
+        config = load_config_file(config_path, self.all_commands()) if config_path else None
+        if config is not None:
+            extra["default_map"] = config.default_map
+        ctx = super().make_context(info_name, args, parent=parent, **extra)
+        ctx.meta[CONFIG_META] = config  # shared with the subcommand's context: errors name the file's keys
+        return ctx
+
+
+def _default_map(config: dict[str, Any], commands: dict[str, click.Command]) -> dict[str, dict[str, Any]]:
+    """click's default_map for a parsed config file (checked first; see :mod:`.config_file`)."""
+    return check_config(config, "config file", commands).default_map
 
 
 def _find_config_path(args: list[str]) -> str | None:
@@ -132,7 +135,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="stager", standalone_mode=False)
     except StagerError as exc:
-        click.echo(f"stager: error: {exc}", err=True)
+        click.echo(f"stager: error: {_one_line(str(exc))}", err=True)
+        sys.exit(EXIT_ERROR)
+    except BaseExceptionGroup as group:
+        line = group_message(group)
+        if line is None:
+            raise  # something in it is not a stager error: a bug, whose traceback is wanted
+        click.echo(f"stager: error: {_one_line(line)}", err=True)
         sys.exit(EXIT_ERROR)
     except click.exceptions.Abort:
         click.echo("stager: interrupted", err=True)
@@ -140,8 +149,15 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("stager: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
-    except click.ClickException as exc:
+    except click.exceptions.NoArgsIsHelpError as exc:  # plain `stager`: the help, as click shows it
         exc.show()
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        config = exc.ctx.meta.get(CONFIG_META) if exc.ctx is not None else None
+        click.echo(f"stager: error: {_one_line(usage_error_line(exc, config))}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"stager: error: {_one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -149,3 +165,8 @@ def main(argv: list[str] | None = None) -> None:
         # The interpreter's exit collects every object still alive (the modules, a manifest):
         # a tenth of a second after the work is done. Frozen, they are only freed.
         gc.freeze()
+
+
+def _one_line(text: str) -> str:
+    """An error message on one line, whatever a lower library put in it."""
+    return " ".join(text.split())

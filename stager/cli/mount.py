@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
 
 import click
 
-from ..config import parse_size
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .options import SIZE, source_config, storage_option_flag
+from .options import SIZE, Capacity, source_config, storage_option_flag
 from .progress import run_async
 
 
@@ -26,19 +26,23 @@ from .progress import run_async
               help="Stay attached and serve until Ctrl-C, SIGTERM or an unmount (default: return once mounted).")
 @click.option("--readahead", type=SIZE, default="512MiB", show_default=True, envvar="STAGER_READAHEAD",
               help="How far ahead of a sequential reader to stage (0: no read-ahead).")
-@click.option("--allow-other", is_flag=True,
+@click.option("--allow-other", is_flag=True, envvar="STAGER_ALLOW_OTHER",
               help="Let other users read the mount (non-root users need user_allow_other in /etc/fuse.conf).")
-@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None, envvar="STAGER_LOG_FILE",
               help="Log of a background mount (default: stager-mount-UID-NAME.log in the temp directory).")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False, path_type=Path), envvar="STAGER_SOCKET",
               default=None, help="The node daemon's socket (default: see `stager serve --help`); used when a "
                                  "daemon serves --cache.")
-@click.option("--no-daemon", is_flag=True, help="Run the engine in the mount's process even when a daemon serves "
-                                                "the cache.")
-def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str, capacity: str,
-                  concurrency: int, bandwidth: str | None, no_hedge: bool, retry_deadline: float,
+@click.option("--no-daemon", is_flag=True, envvar="STAGER_NO_DAEMON",
+              help="Run the engine in the mount's process even when a daemon serves the cache.")
+@click.option("--verify-reads", type=click.Choice(["first", "off"]), default="first", show_default=True,
+              envvar="STAGER_VERIFY_READS",
+              help="Hash each block of a cache file the first time this mount reads it, before serving it "
+                   "(a block changed on disk is fetched again); off: trust the cache disk.")
+def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str | None,
+                  capacity: Capacity, concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float,
                   direct_writes: bool, foreground: bool, readahead: int, allow_other: bool, log_file: Path | None,
-                  socket_path: Path | None, no_daemon: bool) -> None:
+                  socket_path: Path | None, no_daemon: bool, verify_reads: str) -> None:
     """Mount SOURCE read-only at MOUNTPOINT, in the dataset's own layout, backed by the verified cache.
 
     Staging goes through the node daemon when one serves --cache (`stager serve`), else through
@@ -51,9 +55,9 @@ def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...]
 
     config = MountConfig(
         source=source_config(source, storage_option), mountpoint=mountpoint,
-        cache=cache_config(cache_dir, capacity, direct_writes),
+        cache=dataclasses.replace(cache_config(cache_dir, capacity, direct_writes), verify_reads=verify_reads),
         fetch=fetch_config(concurrency, bandwidth, no_hedge, retry_deadline),
-        readahead=ReadAheadConfig(window_bytes=parse_size(readahead, what="--readahead")),
+        readahead=ReadAheadConfig(window_bytes=readahead),
         allow_other=allow_other, session="embedded" if no_daemon else "auto", socket=socket_path)
     if foreground:
         run_async(serve(config, on_ready=lambda: click.echo(

@@ -8,20 +8,15 @@ from typing import Any
 
 import click
 
-from ..config import (
-    DEFAULT_BLOCK_SIZE,
-    RetryConfig,
-    SourceConfig,
-    load_toml,
-    parse_rate,
-)
+from ..config import DEFAULT_BLOCK_SIZE, RetryConfig, SourceConfig, load_toml
 from ..errors import ConfigError, StagerError
-from ..manifest.build import TOKEN_DTYPES, IndexConfig
+from ..manifest.build import AUTO, TOKEN_DTYPES, IndexConfig
 from ..replicate import ReplicateConfig, Replicator, Shard, parse_shard, shard_from_env
 from ..replicate.copier import DEFAULT_PART_SIZE
+from ..replicate.replicator import MAX_PART_SIZE
 from ..replicate.plan import Action
 from . import cli
-from .options import SIZE, parse_storage_options
+from .options import BLOCK_SIZE, RATE, SECONDS, SecondsType, SizeType, checked_by, parse_storage_options
 from .progress import byte_progress, run_async, stderr_console
 
 
@@ -70,43 +65,53 @@ def _side(url: str, profile: str | None, pairs: tuple[str, ...], side: str) -> S
 @click.option("--finalize", is_flag=True,
               help="Copy nothing: check the destination (trusting shards that left a done-marker) and write "
                    "its manifest if complete.")
-@click.option("--shard", envvar="STAGER_SHARD", metavar="I/N",
+@click.option("--shard", envvar="STAGER_SHARD", metavar="I/N", callback=checked_by(parse_shard),
               help="Copy only shard I of N. Default: from SLURM_ARRAY_TASK_ID/SLURM_PROCID or "
                    "JOB_COMPLETION_INDEX with STAGER_SHARD_COUNT, else 0/1.")
 @click.option("--state-dir", envvar="STAGER_REPLICATE_STATE", type=click.Path(file_okay=False),
-              help="Local state (journal, plan). Default: ~/.cache/stager/replicate/<hash of SRC and DST>.")
+              help="Local state (journal, plan). Default: $XDG_STATE_HOME/stager/replicate/<hash of SRC and DST> "
+                   "(~/.local/state/stager/replicate/... without XDG_STATE_HOME).")
 @click.option("--watch", is_flag=True, help="Keep replicating files of SRC as they become complete (checkpoints).")
-@click.option("--interval", type=click.FloatRange(0.05), default=10.0, show_default=True,
-              help="--watch: seconds between listings of the source.")
-@click.option("--quiet-period", type=click.FloatRange(0), default=60.0, show_default=True,
-              help="--watch: a file unchanged this long counts as complete even without a marker.")
-@click.option("--ready-marker", multiple=True, metavar="NAME",
-              help="--watch: file names that mark their folder complete (repeatable; default: _SUCCESS, "
-                   "COMPLETE, commit_success.txt, .metadata).")
-@click.option("--idle-exit", type=click.FloatRange(0), default=None,
+@click.option("--interval", type=SecondsType(0.05, allow_minimum=True), default=10.0, show_default=True,
+              envvar="STAGER_INTERVAL", help="--watch: seconds between listings of the source (at least 0.05).")
+@click.option("--quiet-period", type=SecondsType(0, allow_minimum=True), default=60.0, show_default=True,
+              envvar="STAGER_QUIET_PERIOD",
+              help="--watch: seconds; a file unchanged this long counts as complete even without a marker.")
+@click.option("--ready-marker", multiple=True, metavar="NAME", envvar="STAGER_READY_MARKER",
+              help="--watch: file names that mark their folder complete (repeatable, or space-separated in "
+                   "the variable; default: _SUCCESS, COMPLETE, commit_success.txt, .metadata).")
+@click.option("--idle-exit", type=SecondsType(0, allow_minimum=True), default=None, envvar="STAGER_IDLE_EXIT",
               help="--watch: stop after this many seconds without a new complete file (default: never).")
 @click.option("--concurrency", type=click.IntRange(1, 4096), default=256, envvar="STAGER_CONCURRENCY",
               show_default=True, help="The most requests in flight per side: the number in flight starts at 16 "
                                       "and follows each side (more while throughput grows, fewer on SlowDown).")
-@click.option("--part-size", type=SIZE, default=DEFAULT_PART_SIZE, show_default="16MiB",
-              help="Multipart part size for large objects (whole manifest blocks, at least 5MiB).")
-@click.option("--buffer", type=SIZE, default=128 << 20, show_default="128MiB",
-              help="Bytes held by transfers in flight: bounds memory, and what a killed run copies again.")
-@click.option("--bandwidth", envvar="STAGER_BANDWIDTH", default=None,
-              help="Cap on each side's bandwidth, e.g. 500MB/s (default: unlimited).")
-@click.option("--retry-deadline", type=float, default=RetryConfig().deadline, show_default=True,
+@click.option("--part-size", type=SizeType(minimum=1, maximum=MAX_PART_SIZE), default=DEFAULT_PART_SIZE,
+              show_default="16MiB", envvar="STAGER_PART_SIZE",
+              help="Multipart part size for large objects (whole manifest blocks, at least 5MiB; at most 5GiB).")
+@click.option("--buffer", type=SizeType(minimum=1 << 20), default=128 << 20, show_default="128MiB",
+              envvar="STAGER_BUFFER",
+              help="Bytes held by transfers in flight (at least 1MiB): bounds memory, and what a killed run "
+                   "copies again.")
+@click.option("--bandwidth", type=RATE, envvar="STAGER_BANDWIDTH", default=None,
+              help="Cap on each side's bandwidth in bytes per second, e.g. 500MB/s (a bare number is bytes/s); "
+                   "'unlimited' or unset: no cap. 0 is refused.")
+@click.option("--retry-deadline", type=SECONDS, default=RetryConfig().deadline, show_default=True,
               envvar="STAGER_RETRY_DEADLINE",
-              help="Seconds one request may take across all its retries before a side counts as down.")
-@click.option("--block-size", type=SIZE, default=DEFAULT_BLOCK_SIZE, show_default="1MiB",
+              help="Seconds (finite, > 0) one request may take across all its retries before a side counts as "
+                   "down.")
+@click.option("--block-size", type=BLOCK_SIZE, default=DEFAULT_BLOCK_SIZE, show_default="1MiB",
+              envvar="STAGER_BLOCK_SIZE",
               help="Block size when the source has no manifest and is indexed on the fly (and for --watch).")
-@click.option("--dtype", type=click.Choice(TOKEN_DTYPES + ("none",)), default="none", show_default=True,
-              help="When the source is indexed on the fly: the token dtype of its .bin shards (as stager index).")
+@click.option("--dtype", type=click.Choice((AUTO,) + TOKEN_DTYPES + ("none",)), default=AUTO, show_default=True,
+              envvar="STAGER_DTYPE",
+              help="When the source is indexed on the fly: the token dtype of its .bin shards, as `stager index "
+                   "--dtype` (the same default).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def replicate_command(src: str, dst: str, src_option: tuple[str, ...], dst_option: tuple[str, ...],
                       src_profile: str | None, dst_profile: str | None, dry_run: bool, delete: bool,
                       trust_size: bool, verify: bool, finalize: bool, shard: str | None, state_dir: str | None,
                       watch: bool, interval: float, quiet_period: float, ready_marker: tuple[str, ...],
-                      idle_exit: float | None, concurrency: int, part_size: int, buffer: int, bandwidth: str | None,
+                      idle_exit: float | None, concurrency: int, part_size: int, buffer: int, bandwidth: int | None,
                       retry_deadline: float, block_size: int, dtype: str, as_json: bool) -> None:
     """Copy every object of SRC's manifest to DST, verified, and write DST's manifest last.
 
@@ -115,8 +120,6 @@ def replicate_command(src: str, dst: str, src_option: tuple[str, ...], dst_optio
     point and started again continues where it stopped. Exits 0 only when this shard's
     objects are all at DST and verified.
     """
-    if retry_deadline <= 0:
-        raise ConfigError(f"--retry-deadline must be > 0, got {retry_deadline}")
     _lean_arrow()
     # --finalize and --watch run once, whatever array task or pod they happen to run in.
     which = parse_shard(shard) if shard else Shard() if finalize or watch else shard_from_env()
@@ -125,7 +128,7 @@ def replicate_command(src: str, dst: str, src_option: tuple[str, ...], dst_optio
         src=_side(src, src_profile, src_option, "src"), dst=_side(dst, dst_profile, dst_option, "dst"),
         shard=which, state_dir=state_dir, dry_run=dry_run, delete=delete, trust_size=trust_size, verify=verify,
         finalize=finalize, concurrency=concurrency, part_size=part_size, buffer=buffer,
-        bandwidth=parse_rate(bandwidth, what="--bandwidth"), retry=retry,
+        bandwidth=bandwidth, retry=retry,
         index=IndexConfig(block_size=block_size, bin_dtype=None if dtype == "none" else dtype),
     )
     if watch:

@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from ..config import FetchConfig
-from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, default_socket_path
+from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, default_socket_path, parse_address
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .options import SIZE
+from .options import POSITIVE_SIZE, SECONDS, Capacity, SecondsType, checked_by
 from .progress import run_async
 
 
@@ -19,7 +19,8 @@ from .progress import run_async
 @cache_flags
 @fetch_flags
 @write_flags
-@click.option("--window", type=SIZE, default=FetchConfig().window_bytes, envvar="STAGER_WINDOW", show_default="2GiB",
+@click.option("--window", type=POSITIVE_SIZE, default=FetchConfig().window_bytes, envvar="STAGER_WINDOW",
+              show_default="2GiB",
               help="Default prefetch window ahead of each consumer's cursor (a plan may ask for another).")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False, path_type=Path), envvar="STAGER_SOCKET",
               default=None, help="Unix socket of the control API [default: /run/stager/stager.sock when that "
@@ -27,19 +28,21 @@ from .progress import run_async
 @click.option("--socket-group", envvar="STAGER_SOCKET_GROUP", default=None, metavar="GROUP",
               help="Let this group use the socket too (mode 0660); default: only this user (mode 0600).")
 @click.option("--metrics-address", envvar="STAGER_METRICS_ADDRESS", default=None, metavar="HOST:PORT",
+              callback=checked_by(parse_address),
               help="Also serve /metrics and /healthz (read-only) over TCP, e.g. 0.0.0.0:9464.")
-@click.option("--drain-timeout", type=click.FloatRange(min=0, min_open=True), default=DRAIN_TIMEOUT,
+@click.option("--drain-timeout", type=SECONDS, default=DRAIN_TIMEOUT,
               envvar="STAGER_DRAIN_TIMEOUT", show_default=True,
               help="Seconds SIGTERM/SIGINT wait for block requests in flight before cancelling them.")
-@click.option("--lease", type=click.FloatRange(min=1), default=LEASE, envvar="STAGER_LEASE",
+@click.option("--lease", type=SecondsType(1, allow_minimum=True), default=LEASE, envvar="STAGER_LEASE",
               show_default=True, help="Seconds without a request or heartbeat after which a consumer's plans "
               "are dropped (at once when its process is seen dead).")
 @click.option("--local-sources/--no-local-sources", default=True, show_default=True,
               envvar="STAGER_LOCAL_SOURCES", help="Serve datasets on local paths (read with the daemon's "
               "permissions); --no-local-sources serves only s3, gs, az and http(s) URLs, nothing chained.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, expose_value=True,
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, envvar="STAGER_CONFIG",
               help="TOML config file (the same as `stager --config FILE serve`).")
-def serve_command(cache_dir: str, capacity: str, concurrency: int, bandwidth: str | None, no_hedge: bool,
+def serve_command(cache_dir: str | None, capacity: Capacity, concurrency: int,
+                  bandwidth: int | None, no_hedge: bool,
                   retry_deadline: float, direct_writes: bool, window: int, socket_path: Path | None,
                   socket_group: str | None, metrics_address: str | None, drain_timeout: float, lease: float,
                   local_sources: bool, config_file: str | None) -> None:

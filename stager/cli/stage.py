@@ -19,12 +19,12 @@ import numpy as np
 
 from ..cache import BlobState, CacheTier
 from ..config import CacheConfig
-from ..errors import BlobTooLarge, CacheFull, StagerError
+from ..errors import BlobTooLarge, CacheFull, DiskFull, StagerError
 from ..hashing import block_range
 from ..session import EmbeddedSession, RemoteSession, Session, open_session
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .options import SIZE, source_config, storage_option_flag
+from .options import POSITIVE_SIZE, Capacity, source_config, storage_option_flag
 from .progress import byte_progress, run_async
 
 
@@ -34,13 +34,15 @@ from .progress import byte_progress, run_async
 @cache_flags
 @fetch_flags
 @write_flags
-@click.option("--limit", type=SIZE, default=None, help="Stage only the first shards (manifest order) up to this many bytes.")
+@click.option("--limit", type=POSITIVE_SIZE, default=None,
+              help="Stage only the first shards (manifest order) up to this many bytes (e.g. 200GB).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), envvar="STAGER_SOCKET", default=None,
               help="The node daemon's socket (default: see `stager serve --help`); used when a daemon serves --cache.")
-@click.option("--no-daemon", is_flag=True, help="Run the engine in this process even when a daemon serves the cache.")
-def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str, capacity: str, concurrency: int,
-                  bandwidth: str | None, no_hedge: bool, retry_deadline: float, direct_writes: bool,
+@click.option("--no-daemon", is_flag=True, envvar="STAGER_NO_DAEMON",
+              help="Run the engine in this process even when a daemon serves the cache.")
+def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str | None, capacity: Capacity,
+                  concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float, direct_writes: bool,
                   limit: int | None, as_json: bool, socket_path: str | None, no_daemon: bool) -> None:
     """Stage every shard of SOURCE into the cache, verifying each block against the manifest.
 
@@ -55,8 +57,11 @@ def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str, 
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
     else:
+        staged = summary["blobs"] - summary["failed"]
+        shards = (f"{staged} of {summary['blobs']} shards ({summary['bytes']:,} bytes asked for)" if summary["failed"]
+                  else f"{staged} shards, {summary['bytes']:,} bytes")
         click.echo(
-            f"staged {summary['blobs']} shards, {summary['bytes']:,} bytes: {summary['fetched_bytes']:,} fetched, "
+            f"staged {shards}: {summary['fetched_bytes']:,} fetched, "
             f"{summary['cached_bytes']:,} already cached; {summary['retries']} retries, "
             f"{summary['hedged']} hedged requests, {summary['verify_failures']} corrupt blocks rejected; "
             f"{summary['seconds']:.1f}s, {summary['mb_per_s']:.0f} MB/s"
@@ -84,6 +89,10 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
                 raise BlobTooLarge(f"{m.paths[big]}: {int(sizes[big]):,} bytes is larger than the cache capacity "
                                    f"{capacity:,}")
             if total > capacity:
+                if capacity < cache.configured_capacity:  # the disk, not the capacity, is short
+                    raise DiskFull(f"{dataset.url}: {total:,} bytes do not fit: the disk holding the cache at "
+                                   f"{cache.directory} has room for {capacity:,} (capacity "
+                                   f"{cache.configured_capacity:,}); stage a part with --limit or free space")
                 raise CacheFull(f"{dataset.url}: {total:,} bytes do not fit in the cache capacity {capacity:,}; "
                                 "stage a part with --limit or raise --capacity")
             cached_of = [_cached_bytes(cache, m, i) for i in range(count)]

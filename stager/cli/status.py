@@ -3,11 +3,15 @@
 When a node daemon serves the cache, ``status`` asks it (``/v1/status``), so
 it also shows the daemon, its consumers' plans and how far ahead of each
 cursor the data is ready; otherwise it reads the cache's index itself.
+Both only read, so they work on a full disk: when sqlite cannot even open
+the index there (the room kept for it spent), they read the index file
+alone, and ``verify`` reports what is bad without dropping it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -15,12 +19,19 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ..cache import CacheTier
+from ..cache import CacheTier, CacheUsage, DatasetSummary, VerifyReport
+from ..cache.blob_index import BlobIndex
+from ..cache.layout import CacheLayout
+from ..cache.reserve import IndexReserve
+from ..cache.verify import scrub
 from ..config import CacheConfig
-from ..errors import StagerError
+from ..errors import DiskFull, StagerError
 from . import cli
 from .cache_options import cache_config, cache_flags
+from .options import SHARE, Capacity
 from .progress import run_async, stderr_console
+
+log = logging.getLogger(__name__)
 
 
 def _size(n: int) -> str:
@@ -36,7 +47,7 @@ def _size(n: int) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), envvar="STAGER_SOCKET", default=None,
               help="The node daemon's socket (default: see `stager serve --help`); asked when it serves --cache.")
-def status_command(cache_dir: str, capacity: str, as_json: bool, socket_path: str | None) -> None:
+def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, socket_path: str | None) -> None:
     """Show what the cache holds: capacity, use, and each dataset's blobs (complete and partial).
 
     When a node daemon serves the cache, also show the daemon and its consumers' plans.
@@ -50,14 +61,19 @@ def status_command(cache_dir: str, capacity: str, as_json: bool, socket_path: st
                  "complete_blobs": c["complete_blobs"], "partial_blobs": c["partial_blobs"]}
         datasets = daemon["datasets"]
     else:
-        cache = CacheTier(config)
         try:
-            u = cache.usage()
-            datasets = [{"name": d.name, "blobs": d.blobs, "bytes": d.bytes, "complete": d.complete,
-                         "partial": d.partial, "complete_bytes": d.complete_bytes} for d in cache.datasets()]
-        finally:
-            cache.close()
-        directory = str(cache.directory)
+            cache = CacheTier(config, reconcile=False)  # only reads
+        except DiskFull as exc:
+            directory, u, summaries = _read_on_full_disk(config)
+            log.info("%s; read the index file alone", exc)
+        else:
+            try:
+                u, summaries = cache.usage(), cache.datasets()
+            finally:
+                cache.close()
+            directory = str(cache.directory)
+        datasets = [{"name": d.name, "blobs": d.blobs, "bytes": d.bytes, "complete": d.complete,
+                     "partial": d.partial, "complete_bytes": d.complete_bytes} for d in summaries]
         usage = {"capacity": u.capacity, "used": u.used, "free": u.free, "complete_blobs": u.complete,
                  "partial_blobs": u.partial}
     if as_json:
@@ -95,6 +111,38 @@ def status_command(cache_dir: str, capacity: str, as_json: bool, socket_path: st
         stderr_console().print(plans)
 
 
+def _read_on_full_disk(config: CacheConfig) -> tuple[str, CacheUsage, list[DatasetSummary]]:
+    """What the index file says, for a disk so full that sqlite cannot open the index as usual (it
+    would write its ``-shm`` file first) and the room kept for it is spent."""
+    layout = CacheLayout(config.directory)
+    index = BlobIndex.snapshot(layout.index_path)
+    try:
+        used = index.used()
+        complete, partial = index.counts()
+        summaries = index.dataset_summaries()
+    finally:
+        index.close()
+    try:
+        room = IndexReserve(layout.root).disk_room()
+    except OSError:
+        room = 0
+    capacity = min(config.capacity_bytes(), used + max(0, room))
+    return str(layout.root), CacheUsage(used, capacity, complete, partial), summaries
+
+
+def _verify_on_full_disk(config: CacheConfig, sample: float | None) -> VerifyReport:
+    """The scrub, reading the index file alone (see :func:`_read_on_full_disk`); nothing is dropped."""
+    layout = CacheLayout(config.directory)
+    index = BlobIndex.snapshot(layout.index_path)
+    report = VerifyReport(repaired=False)
+    try:
+        for row, check in scrub(index, layout, sample, None):
+            report.add(row.digest, row.state, check)
+    finally:
+        index.close()
+    return report
+
+
 def _daemon_status(config: CacheConfig, socket_path: str | None) -> dict[str, Any] | None:
     """The daemon's status if one answers on the socket and serves this cache directory."""
     from ..daemon import DaemonClient, default_socket_path, probe
@@ -123,21 +171,32 @@ def _daemon_status(config: CacheConfig, socket_path: str | None) -> dict[str, An
 
 @cli.command("verify")
 @cache_flags
-@click.option("--sample", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
-              help="Re-hash only this share of the blobs (e.g. 0.1); default: all.")
+@click.option("--sample", type=SHARE, default=None,
+              help="Re-hash only this share of the blobs, 0.1 or 10% (at least one blob); default: all.")
 @click.option("--no-repair", is_flag=True, help="Only report; do not drop blobs that fail.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def verify_command(cache_dir: str, capacity: str, sample: float | None, no_repair: bool, as_json: bool) -> None:
+def verify_command(cache_dir: str | None, capacity: Capacity, sample: float | None, no_repair: bool,
+                   as_json: bool) -> None:
     """Re-hash the cache against the recorded block digests; drop what fails so it is fetched again.
 
     Dropped blobs are fetched again (and verified) by the next `stager stage` or by the
     consumer that next needs them. Exits 1 when anything failed verification.
     """
-    cache = CacheTier(cache_config(cache_dir, capacity))
+    config = cache_config(cache_dir, capacity)
     try:
-        report = cache.verify(sample=sample, repair=not no_repair)
-    finally:
-        cache.close()
+        cache = CacheTier(config, reconcile=False)
+    except DiskFull as exc:
+        log.info("%s; verifying from the index file alone, without repairs", exc)
+        report = _verify_on_full_disk(config, sample)
+    else:
+        try:
+            try:
+                cache.reconcile()
+            except DiskFull as exc:  # the scrub only reads: it does not need the repairs
+                log.info("cache %s: not reconciled before verifying (%s)", cache.directory, exc)
+            report = cache.verify(sample=sample, repair=not no_repair)
+        finally:
+            cache.close()
     if as_json:
         click.echo(json.dumps({
             "blobs_checked": report.blobs_checked, "blocks_checked": report.blocks_checked,
@@ -152,5 +211,5 @@ def verify_command(cache_dir: str, capacity: str, sample: float | None, no_repai
         for bad in report.bad[:20]:
             click.echo(f"  {bad.digest}: {bad.reason}, blocks {list(bad.bad_blocks)[:10]}")
     if report.bad:
-        raise StagerError(f"{len(report.bad)} blob(s) in {cache_dir} failed verification"
+        raise StagerError(f"{len(report.bad)} blob(s) in {config.directory} failed verification"
                           + (" and were dropped" if report.repaired else ""))

@@ -31,8 +31,8 @@ import numpy as np
 from ..cache import BlobState, CacheTier
 from ..cache.fileio import pread_exact
 from ..config import FetchConfig, SourceConfig
-from ..errors import CacheError
-from ..hashing import block_range
+from ..errors import CacheError, DiskFull
+from ..hashing import block_digest, block_range
 from ..manifest import Manifest
 from ..store import OriginStats
 from .dataset import BlobRef, Dataset
@@ -49,14 +49,15 @@ log = logging.getLogger(__name__)
 _READ_ATTEMPTS = 4  # a block read back from a blob that is evicted under the reader, again and again
 
 
-def _read_file_range(path: Path, start: int, end: int) -> bytes | None:
-    """Bytes ``[start, end)`` of a complete blob file; None if it is gone (evicted)."""
+def _read_file_range(path: Path, start: int, end: int) -> tuple[bytes, tuple[int, int]] | None:
+    """Bytes ``[start, end)`` of a complete blob file and the file's (device, inode); None if it is gone."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:
-        return pread_exact(fd, end - start, start)
+        st = os.fstat(fd)
+        return pread_exact(fd, end - start, start), (st.st_dev, st.st_ino)
     finally:
         os.close(fd)
 
@@ -98,8 +99,11 @@ class Engine:
         if key not in self._datasets:
             dataset = await Dataset.open(source, self.config, self.origin_stats, manifest)
             m = dataset.manifest
-            await self.in_disk_thread(self.cache.register_dataset, dataset.name,
-                                      [(m.digest(i), int(m.sizes[i])) for i in range(len(m))])
+            try:
+                await self.in_disk_thread(self.cache.register_dataset, dataset.name,
+                                          [(m.digest(i), int(m.sizes[i])) for i in range(len(m))])
+            except DiskFull as exc:  # only `stager status` needs it: the staging itself says if the disk is full
+                log.info("%s: not registered with the cache for `stager status`: %s", dataset.name, exc)
             self._datasets[key] = dataset
         return self._datasets[key]
 
@@ -146,10 +150,16 @@ class Engine:
         start, end = block_range(block, ref.size, ref.block_size)
         for _ in range(_READ_ATTEMPTS):
             if self.cache.state(ref.digest) is BlobState.COMPLETE:
-                data = await self.in_disk_thread(_read_file_range, self.cache.complete_path(ref.digest), start, end)
-                if data is not None:
+                found = await self.in_disk_thread(_read_file_range, self.cache.complete_path(ref.digest), start, end)
+                if found is None:
+                    continue  # evicted between the look-up and the open
+                data, identity = found
+                if block_digest(data) == ref.blocks[block]:
                     return data
-                continue  # evicted between the look-up and the open
+                # Changed on the disk since it was verified: drop the blob, fetch the block again.
+                self.stats.verify_failures += 1
+                await self.in_disk_thread(self.cache.drop_corrupt, ref.digest, identity)
+                continue
             began = time.monotonic()
             try:
                 data = await asyncio.shield(self._job(ref).want(block, priority))

@@ -34,7 +34,9 @@ writes have ended). A request that straggles is raced by a hedged request that
 keeps its bytes in memory; if the hedge wins, the first request is cancelled
 and its writes settled before the hedge's bytes are written. Blocks a previous
 run already verified are not fetched again. When every block is verified and
-the whole blob is wanted, the partial file is committed by rename. A disk write
+the whole blob is wanted, the partial file is committed by rename, after a
+re-hash of the whole file: blocks that changed on the disk since they were
+recorded are forgotten by the commit and fetched again. A disk write
 in progress is always let finish before the partial file's handle is closed,
 even when the job is cancelled.
 """
@@ -55,7 +57,7 @@ import xxhash
 from ..cache import BlobState
 from ..cache.direct import ALIGN as DIRECT_ALIGN
 from ..cache.fileio import cut_views
-from ..errors import AccessDenied, CacheError, CorruptData, ShardNotFound, StagerError
+from ..errors import AccessDenied, CacheCorrupt, CacheError, CorruptData, ShardNotFound, StagerError
 from ..hashing import block_digest, block_range
 from ..store import RangeSink
 from .hedging import hedged
@@ -72,6 +74,7 @@ T = TypeVar("T")
 
 FOREIGN_LOCK_POLL = 0.25  # seconds per blocking try on another process's blob lock
 IDLE_RELEASE = 1.0  # seconds a job serving single blocks keeps the blob after its last want
+COMMIT_ATTEMPTS = 3  # commits refused for blocks that rotted on disk before the blob fails
 
 
 def _retrieve(future: asyncio.Future) -> None:
@@ -322,6 +325,7 @@ class BlobJob:
         """Fetch what is wanted until the blob is committed, or nothing has been wanted for a while."""
         engine = self.engine
         inflight: dict[int, asyncio.Task[None]] = {}
+        rotted_commits = 0
         try:
             while True:
                 verified = partial.verified
@@ -340,7 +344,16 @@ class BlobJob:
                         inflight[block.index] = task
                 if not inflight:
                     if self._whole is not None:  # every block is verified
-                        path = await engine.in_disk_thread(partial.commit)
+                        try:
+                            path = await engine.in_disk_thread(partial.commit)
+                        except CacheCorrupt:
+                            # Recorded blocks changed on the disk (forgotten by the commit): fetch them
+                            # again, a few times at most; a disk that keeps rotting them fails the blob.
+                            engine.stats.verify_failures += 1
+                            rotted_commits += 1
+                            if rotted_commits > COMMIT_ATTEMPTS:
+                                raise
+                            continue
                         engine.stats.blobs_completed += 1
                         self._finish(path)
                         return

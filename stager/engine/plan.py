@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..cache import BlobState
-from ..errors import CacheFull, StagerError
+from ..errors import CacheFull, DiskFull, StagerError
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -98,6 +98,7 @@ class Plan:
 
         Raises:
             OriginError: the blob could not be fetched within the retry budget.
+            DiskFull: the disk holding the cache is full (at once: waiting would not make room).
             CacheError: the cache cannot hold it.
         """
         ref = self.ref(position)
@@ -110,6 +111,11 @@ class Plan:
             while True:
                 try:
                     return await self.engine.ensure(ref, priority=URGENT)
+                except DiskFull as exc:
+                    if str(cache.directory) in str(exc):
+                        raise
+                    raise DiskFull(f"{ref.path}: the disk holding the cache at {cache.directory} is full: "
+                                   f"{exc}") from exc
                 except CacheFull:
                     # The cache is full of blobs being fetched or still in use: wait for one to be
                     # done (or consumed) rather than fail the consumer, up to the retry deadline.

@@ -20,7 +20,9 @@ session through a loop thread (:mod:`.loop_thread`) made lazily in each
 process, so DataLoader workers never share one.
 
 :class:`TokenIterator` is the NumPy stream; ``stager.torch.TokenDataset``
-wraps it as a PyTorch ``IterableDataset``.
+wraps it as a PyTorch ``IterableDataset``, whose DataLoader workers swap the
+parts of a saved loader state they were each handed once as they start
+(:mod:`.exchange`), so any of them can re-deal from the whole.
 """
 
 from .iterator import TokenIterator

@@ -17,7 +17,9 @@ Per epoch, the iterator:
 Samples are views of memory-mapped cache files (or copies of the requested
 ``dtype``); with ``batch_size`` and ``batches=True`` they come as
 ``(batch, sample_len)`` arrays. Only verified, complete cache files are ever
-opened; an origin failure that outlasts the retry budget raises its error,
+opened, and each one's map is hashed against the blob's digest before the
+first sample is cut from it in this process (one that changed on the disk is
+dropped and fetched again, see :mod:`stager.cache.reader`); an origin failure that outlasts the retry budget raises its error,
 naming the shard, and no sample is made up.
 """
 
@@ -32,9 +34,11 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from ..cache import CacheTier
 from ..cache.layout import CacheLayout
-from ..config import DEFAULT_CACHE_DIR, CacheConfig, FetchConfig, SourceConfig
-from ..errors import CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
+from ..cache.reader import VerifiedReads
+from ..config import CacheConfig, FetchConfig, SourceConfig, default_cache_dir
+from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, DiskFull, OriginError, StagerError
 from ..manifest import Manifest
 from .ahead import MadeAhead
 from .deal import Layout, Remainder, Slice
@@ -51,6 +55,7 @@ BLOCK = 8192  # positions mapped per NumPy call while reading
 PLAN_BLOCK = 1 << 20  # positions mapped per call while computing the plan
 AHEAD_LIMIT = 1 << 16  # samples looked at for the "steps ready ahead" figure
 CACHE_FULL_PATIENCE = 60.0  # seconds a consumer waits for room in a full cache before it gives up
+RESERVATION_UNIT = 4096  # the cache charges each blob in whole units of at least this (CacheTier._unit)
 
 
 class TokenIterator:
@@ -69,7 +74,8 @@ class TokenIterator:
         drop_last: deal only whole steps of ``world_size * batch_size`` samples per epoch.
         rank, world_size: this process among the data-parallel ranks.
         worker, num_workers: this consumer among the rank's loader workers.
-        cache_dir, capacity: the node-local cache (directory; bytes, default 80% of its disk).
+        cache_dir, capacity: the node-local cache (directory; bytes, default 80% of its disk). It must
+            hold two shuffle windows of the largest shards, or the constructor refuses it.
         fetch: how the engine fetches (concurrency, bandwidth, retries, ...).
         storage_options: fsspec options for ``source`` (endpoint, keys).
         manifest: the dataset's manifest, if already loaded (every consumer must use the same one).
@@ -84,9 +90,12 @@ class TokenIterator:
         session: "auto" (the node daemon when one serves ``cache_dir``, else an engine in this
             process), "daemon" or "embedded".
         socket: the daemon's Unix socket (default: ``STAGER_SOCKET`` or the daemon's default).
+        verify_reads: "first" hashes each shard's cache file the first time this iterator maps
+            it, before any sample is cut from it (a file that changed on disk is dropped and
+            fetched again); "off" trusts the cache disk. See :mod:`stager.cache.reader`.
 
     Raises:
-        ConfigError: a bad argument.
+        ConfigError: a bad argument, or a capacity smaller than two shuffle windows.
         ManifestError, OriginError: the manifest cannot be loaded.
     """
 
@@ -119,6 +128,7 @@ class TokenIterator:
         make_ahead: int = 4,
         session: str = "auto",
         socket: str | os.PathLike[str] | None = None,
+        verify_reads: str = "first",
     ) -> None:
         if isinstance(source, SourceConfig):
             if storage_options:
@@ -129,8 +139,9 @@ class TokenIterator:
         # Written through the page cache: this process reads each blob moments after staging it, from
         # memory then, and its maps read a file the writes brought in faster than one brought in by
         # their own faults. (The CLI, the daemon and the mount write past the page cache.)
-        self.cache_config = CacheConfig(directory=Path(cache_dir or DEFAULT_CACHE_DIR), capacity=capacity,
-                                        direct_writes=False)
+        directory = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache_config = CacheConfig(directory=directory, capacity=capacity, direct_writes=False,
+                                        verify_reads=verify_reads)
         self.fetch_config = fetch or FetchConfig()
         self.sample_spec = SampleSpec(seq_len, with_labels)
         self.order_spec = OrderSpec(seed, shuffle, shuffle_window)
@@ -171,6 +182,41 @@ class TokenIterator:
         self.wrap_batch: Callable[[np.ndarray], Any] | None = None
         self._last_log = time.monotonic()
         self._cache_layout = CacheLayout(self.cache_config.directory)
+        self._reads: VerifiedReads | None = None  # files checked by this process, made on first use
+        self._cache: CacheTier | None = None  # opened only to drop a blob found bad on disk
+        self._check_capacity()
+
+    def _check_capacity(self) -> None:
+        """Refuse at once a cache too small for two shuffle windows (the one read, the one staged).
+
+        The shards of the window being read are all mapped at once, and they are only safe from
+        eviction while the engine's window ahead of the cursor (at most half the cache) covers them:
+        an evicted file that is still mapped keeps its disk blocks, so a smaller cache would overrun
+        its capacity, then its disk. The window is not shrunk to fit instead: the order must be the
+        same on every rank and node, whatever their caches, so it depends on ``shuffle_window`` alone.
+        The bound is the largest window any epoch can have (its biggest shards), so the answer
+        does not change from one epoch to the next.
+
+        Raises:
+            ConfigError: the capacity is smaller than two of the largest possible windows.
+        """
+        per_window = self.order_spec.shards_per_window
+        sizes = np.asarray(self.manifest.sizes, dtype=np.int64)[self.index.shards]
+        if not len(sizes):
+            return
+        charged = np.sort(-(-sizes // RESERVATION_UNIT) * RESERVATION_UNIT)[::-1]  # as the cache counts them
+        need = 2 * int(charged[:per_window].sum())
+        try:
+            capacity = self.cache_config.capacity_bytes()
+        except OSError:
+            return  # the cache directory says why when it is opened
+        if capacity >= need:
+            return
+        fits = int(np.searchsorted(np.cumsum(charged), capacity // 2, side="right"))
+        hint = f" or shuffle_window={fits}" if fits >= 1 and self.order_spec.shuffle else ""
+        raise ConfigError(f"{self.source.url}: a cache capacity of {capacity:,} bytes is too small for "
+                          f"shuffle_window={self.order_spec.shuffle_window}: two windows of its largest shards "
+                          f"need {need:,} bytes; give capacity={need:,} or more{hint}")
 
     # -- the stream ------------------------------------------------------------------------
 
@@ -387,22 +433,88 @@ class TokenIterator:
         reader = reader_for(name, token_column=self.token_column)
         complete = self._cache_layout.complete_path(m.digest(shard))
         if complete.exists():
-            # Verified already (a complete file exists only after its verified rename): read it
+            # Staged already (a complete file exists only after its verified rename): read it
             # without asking the engine, which would only answer with this path, a thread hop
-            # later. Gone since (dropped by a repair) or unreadable: ask the engine as below.
+            # later. Gone since (dropped by a repair), changed on disk (dropped here) or
+            # unreadable: ask the engine as below, which fetches it again.
             try:
-                array = reader.open(complete, name, m.dtypes[shard], int(m.tokens[shard]))
+                array = reader.open(self._map_checked(complete, shard), name, m.dtypes[shard],
+                                    int(m.tokens[shard]))
             except (CorruptData, OSError):
                 pass
             else:
                 self._stats.opened(True, 0.0)
                 return array
         began = time.monotonic()
+        path = self._ready(link, position, name)
+        self._stats.opened(False, time.monotonic() - began)
+        try:
+            data = self._map_checked(path, shard)
+        except (CacheCorrupt, FileNotFoundError) as exc:
+            # Bad on disk (dropped now) or gone since it was ready: fetched once more; a copy that is
+            # bad again fails the read (a disk that rots what it is given cannot serve this shard).
+            self._stats.refetches += 1
+            try:
+                data = self._map_checked(self._ready(link, position, name), shard)
+            except FileNotFoundError as again:
+                raise CacheError(f"{self.source.url}/{name}: evicted from the cache as soon as it was "
+                                 f"staged, twice; the cache is too small for its readers") from again
+            except CacheCorrupt as again:
+                raise CacheCorrupt(f"{self.source.url}/{name}: {again}; fetched again, and the copy on "
+                                   "the cache disk is bad again") from exc
+        return reader.open(data, name, m.dtypes[shard], int(m.tokens[shard]))
+
+    def _map_checked(self, path: Path, shard: int) -> memoryview | bytes:
+        """The complete cache file of ``shard`` mapped, its bytes checked against the blob digest the
+        first time this iterator maps that file (:class:`~stager.cache.reader.VerifiedReads`).
+
+        Raises:
+            CacheCorrupt: the bytes do not match (the blob is dropped from the cache, to be fetched again).
+            FileNotFoundError: the file is gone.
+            CacheError: another I/O error.
+        """
+        m = self.manifest
+        digest = m.digest(shard)
+        try:
+            data, _ = self._verified_reads().map_blob(path, digest, int(m.sizes[shard]))
+        except CacheCorrupt as exc:
+            self._stats.corrupt_blobs += 1
+            log.warning("%s/%s: the cached copy changed on disk since it was verified; dropping it, "
+                        "to be fetched again", self.source.url, m.paths[shard])
+            if exc.identity is not None:
+                self._cache_view().drop_corrupt(digest, exc.identity)
+            raise
+        return data
+
+    def _verified_reads(self) -> VerifiedReads:
+        if self._reads is None:
+            self._reads = VerifiedReads(self.cache_config.verify_reads)
+        return self._reads
+
+    def _cache_view(self) -> CacheTier:
+        """The cache tier, opened on first need (a bad blob to drop): the iterator reads files itself."""
+        if self._cache is None:
+            self._cache = CacheTier(self.cache_config, reconcile=False)
+        return self._cache
+
+    def _ready(self, link: StagingLink, position: int, name: str) -> Path:
+        """The complete cache file at plan ``position`` (fetched urgently if missing), waiting out a
+        cache that is full for a while.
+
+        Raises:
+            CacheFull: the cache stayed full for ``CACHE_FULL_PATIENCE`` seconds.
+            OriginError, CacheError: it cannot be staged (names the shard).
+        """
+        began = time.monotonic()
         pause = 0.02
         while True:
             try:
                 path = link.ready(position)
                 break
+            except DiskFull as exc:  # no use waiting: room comes back only when files are deleted
+                if name in str(exc):
+                    raise
+                raise DiskFull(f"{self.source.url}/{name}: cannot be staged: {exc}") from exc
             except CacheFull as exc:
                 # Room comes back as fetches in flight finish and consumed blobs become evictable;
                 # only a cache that stays full (too small for a shuffle window) is an error.
@@ -417,8 +529,7 @@ class TokenIterator:
                 if name in str(exc):
                     raise
                 raise type(exc)(f"{self.source.url}/{name}: cannot be staged: {exc}") from exc
-        self._stats.opened(False, time.monotonic() - began)
-        return reader.open(path, name, m.dtypes[shard], int(m.tokens[shard]))
+        return path
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -459,7 +570,8 @@ class TokenIterator:
     def stats(self) -> dict[str, Any]:
         """Time waited for data, bytes staged, cache hits, retries, steps of data ready ahead."""
         session = self._link.stats() if self._link is not None and self._link.usable else {}
-        return self._stats.as_dict(session, self._ready_ahead())
+        reads = self._reads.stats() if self._reads is not None else {}
+        return {**self._stats.as_dict(session, self._ready_ahead()), **reads}
 
     def _ready_ahead(self) -> int:
         """Whole steps (batches) from the cursor whose shards are all verified in the cache."""
@@ -483,6 +595,9 @@ class TokenIterator:
         if self._finalizer is not None:
             self._finalizer()
         self._link = None
+        cache, self._cache = self._cache, None
+        if cache is not None:
+            cache.close()
 
     def __enter__(self) -> "TokenIterator":
         return self
@@ -492,5 +607,6 @@ class TokenIterator:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None)  # a copy stages through its own session
+        # A copy stages through its own session, and checks files and opens the cache in its own process.
+        state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None, _reads=None, _cache=None)
         return state

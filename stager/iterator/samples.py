@@ -9,7 +9,9 @@ two shards; the tail of a shard too short for another sample is skipped.
 The counts come from the manifest alone (its token counts), so every rank
 and worker computes the same index space without opening a shard. Shards
 that are not token shards (no token count) or too short for one sample hold
-no samples and are never read.
+no samples and are never read; but a ``.bin`` file without a token count is
+refused by name (:func:`refuse_plain_bin_files`): silently skipping it would
+train on less data than the user thinks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 import xxhash
+
+try:  # the kernels themselves, as manifest/validate.py takes them (pyarrow.compute costs start-up time)
+    from pyarrow._compute import MatchSubstringOptions, call_function
+except ImportError:  # pragma: no cover - a pyarrow that moved them
+    from pyarrow.compute import MatchSubstringOptions, call_function
 
 from ..errors import ConfigError
 from ..manifest import Manifest
@@ -52,6 +59,26 @@ class SampleSpec:
         return np.where(fits, (tokens - self.sample_len) // self.stride + 1, 0).astype(np.int64)
 
 
+def refuse_plain_bin_files(manifest: Manifest, name: str) -> None:
+    """Raise :class:`ConfigError` naming the ``.bin`` files the manifest records as plain files.
+
+    A ``.bin`` file has no header: without a token count it is model weights, or a token shard
+    indexed with ``--dtype none`` or cut short. Skipping it would train on less data than the
+    user thinks, without a word.
+    """
+    plain = manifest.tokens < 0
+    if not plain.any():  # the usual token dataset: no path is looked at
+        return
+    paths = manifest.table.column("path")
+    is_bin = call_function("ends_with", [paths], MatchSubstringOptions(".bin")).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(plain & np.asarray(is_bin, dtype=bool))
+    if len(rows):
+        first = paths[int(rows[0])].as_py()
+        raise ConfigError(f"{name}: {first} is not a token shard ({len(rows)} .bin file(s) have no token count: "
+                          "not whole tokens of the dtype, or indexed with --dtype none); index it with the "
+                          "right --dtype, or --exclude it")
+
+
 class SampleIndex:
     """Per-shard sample counts of one manifest under one :class:`SampleSpec`.
 
@@ -62,6 +89,7 @@ class SampleIndex:
     def __init__(self, manifest: Manifest, spec: SampleSpec, name: str = "dataset") -> None:
         self.manifest = manifest
         self.spec = spec
+        refuse_plain_bin_files(manifest, name)
         self.counts = spec.count(manifest.tokens)
         self.total = int(self.counts.sum())
         if self.total == 0:

@@ -18,7 +18,12 @@ with another shape first re-deals what no worker has read yet
 (:func:`~stager.iterator.deal.redeal`), which needs the progress of every
 worker: the whole state of a DataLoader, or of a single-process iterator.
 :func:`from_loader_state` extracts and merges the workers' states from a
-``torchdata`` ``StatefulDataLoader`` state.
+``torchdata`` ``StatefulDataLoader`` state; :func:`gather` merges the parts
+its ``load_state_dict`` handed to the workers of a new loader (each gets
+only its namesake's part), which they swap when they start
+(:mod:`.exchange`). Every worker of every rank given the same saved state
+computes the same re-deal from it, or the same error: no rank goes on alone
+while another stops.
 """
 
 from __future__ import annotations
@@ -91,6 +96,11 @@ class StreamState:
                 raise
             raise ConfigError(f"malformed iterator state: {exc!r}") from exc
 
+    @property
+    def complete(self) -> bool:
+        """Whether it holds the progress of every worker it was dealt to (enough to re-deal from)."""
+        return all(k in self.progress for k in range(self.shape[1]))
+
     def position(self) -> int:
         """The first epoch position that some worker may not have read yet (all before it were read)."""
         world, workers, batch = self.shape
@@ -152,8 +162,29 @@ def merge(states: list[StreamState]) -> StreamState:
         if replace(state, progress={}) != replace(first, progress={}):
             raise ConfigError("the workers' iterator states disagree (different epochs or dealing); "
                               "they do not come from one DataLoader snapshot")
-        progress.update(state.progress)
+        for worker, done in state.progress.items():
+            if progress.setdefault(worker, done) != done:
+                raise ConfigError(f"the iterator states disagree on worker {worker}'s progress "
+                                  f"({progress[worker]} and {done} samples); they do not come from one snapshot")
     return replace(first, progress=progress)
+
+
+def gather(given: list[Mapping[str, Any] | None], loaded: StreamState | None) -> StreamState | None:
+    """The state a worker of a new loader resumes from, out of what all its loader's workers were given.
+
+    Args:
+        given: per worker of the new loader, the dataset state ``StatefulDataLoader.load_state_dict``
+            handed it (None: nothing, e.g. a worker the saved loader did not have).
+        loaded: the whole loader state given to the dataset itself with ``ds.load_state_dict``, if any;
+            the workers' parts must then come from the same snapshot (they add nothing to it).
+
+    Raises:
+        ConfigError: a malformed state, or parts that do not come from one snapshot.
+    """
+    states = [StreamState.from_dict(g) for g in given if g]
+    if loaded is not None:
+        states.insert(0, loaded)
+    return merge(states) if states else None
 
 
 def from_loader_state(data: Mapping[str, Any]) -> StreamState | None:
@@ -166,12 +197,19 @@ def from_loader_state(data: Mapping[str, Any]) -> StreamState | None:
     Raises:
         ConfigError: the snapshots disagree.
     """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"an iterator or DataLoader state must be a dict, got {type(data).__name__}")
     if data.get("format") == FORMAT:
         return StreamState.from_dict(data)
     snapshot = data.get("_snapshot")
     if isinstance(snapshot, Mapping):  # multi-process loader
+        snapshots = snapshot.get("_worker_snapshots") or {}
+        workers = (snapshot.get("_main_snapshot") or {}).get("_num_workers")
+        if isinstance(workers, int) and not isinstance(workers, bool):
+            # Only the loader's own workers: an entry beyond its count would be a stale one it was handed.
+            snapshots = {k: v for k, v in snapshots.items() if k in {f"worker_{i}" for i in range(workers)}}
         states = []
-        for worker_state in (snapshot.get("_worker_snapshots") or {}).values():
+        for worker_state in snapshots.values():
             ds_state = (worker_state or {}).get("dataset_state")
             if ds_state:
                 states.append(StreamState.from_dict(ds_state))

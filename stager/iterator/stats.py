@@ -20,6 +20,8 @@ class IteratorStats:
     shards_opened: int = 0
     plans: int = 0  # plans registered (one per epoch or resume)
     cache_full_waits: int = 0  # times a shard waited for room in a full cache
+    corrupt_blobs: int = 0  # cache files whose bytes no longer matched their digest (dropped)
+    refetches: int = 0  # shards fetched again after their cache file was found bad or gone
 
     def opened(self, hit: bool, waited: float) -> None:
         self.shards_opened += 1
@@ -38,6 +40,8 @@ class IteratorStats:
             "shards_opened": self.shards_opened,
             "plans": self.plans,
             "cache_full_waits": self.cache_full_waits,
+            "corrupt_blobs": self.corrupt_blobs,
+            "refetches": self.refetches,
             "bytes_staged": int(session.get("bytes_fetched", 0)),
             "retries": int(session.get("origin_retries", 0)),
             "ready_steps": ready_steps,

@@ -3,34 +3,22 @@
 Every shard's relative path, size, whole-file xxh3-128 digest, per-block xxh3-64
 digests and, for token shards, dtype and token count, in one Parquet file
 stored beside the data at ``<source>/.stager/manifest.parquet``, so the source
-URL alone finds it. The manifest is untrusted input: loading validates every
-entry (:mod:`.validate`) and refuses unknown format versions (:mod:`.parquet`).
-It is written atomically, so a reader sees the previous manifest or the new
-one, never half of one.
+URL alone finds it. The manifest is untrusted input, and is verified like a
+shard: the file carries the xxh3-128 of its own bytes (:mod:`.seal`), checked
+before parsing, inside the store's retry loop, so a body corrupted or cut in
+transit is fetched again rather than taken for the truth (:mod:`.load`). Then
+loading validates every entry (:mod:`.validate`) and refuses unknown format
+versions (:mod:`.parquet`). It is written atomically, so a reader sees the
+previous manifest or the new one, never half of one.
 """
 
 from __future__ import annotations
 
-from ..errors import ManifestError, ShardNotFound
-from .model import FORMAT_VERSION, SCHEMA, Manifest, ShardEntry
+from ..errors import ManifestError
+from .load import LoadedManifest, load_manifest, load_manifest_data
+from .model import FORMAT_VERSION, LEGACY_FORMAT_VERSION, SCHEMA, Manifest, ShardEntry
 from .parquet import decode_manifest, encode_manifest
-
-MANIFEST_DIR = ".stager"
-MANIFEST_PATH = f"{MANIFEST_DIR}/manifest.parquet"
-
-
-async def load_manifest(store) -> Manifest:  # store: stager.store.Store
-    """Read and validate the manifest beside the data of ``store``.
-
-    Raises:
-        ManifestError: there is none, or it is invalid (the message names the file).
-    """
-    name = f"{store.url.rstrip('/')}/{MANIFEST_PATH}"
-    try:
-        data = await store.read(MANIFEST_PATH)
-    except ShardNotFound as exc:
-        raise ManifestError(f"{name}: no manifest (run `stager index {store.url}` first)") from exc
-    return decode_manifest(data, name)
+from .paths import MANIFEST_DIR, MANIFEST_PATH
 
 
 async def save_manifest(store, manifest: Manifest) -> None:
@@ -50,6 +38,8 @@ def read_manifest_file(path: str) -> Manifest:
 
 __all__ = [
     "FORMAT_VERSION",
+    "LEGACY_FORMAT_VERSION",
+    "LoadedManifest",
     "MANIFEST_DIR",
     "MANIFEST_PATH",
     "Manifest",
@@ -59,6 +49,7 @@ __all__ = [
     "decode_manifest",
     "encode_manifest",
     "load_manifest",
+    "load_manifest_data",
     "read_manifest_file",
     "save_manifest",
 ]

@@ -2,11 +2,16 @@
 
 Files are listed once, filtered by ``--include``/``--exclude`` globs (the
 manifest's own folder is always left out), then hashed in parallel: each file
-is read in order, block by block, with a few blocks read ahead, so every byte
-crosses the network once and feeds both the whole-file and the block digests.
+is read in order, block by block, with a few blocks read ahead, each read
+feeding both the whole-file and the block digests. Only bytes something
+vouches for are recorded (the origin's MD5, or two reads that agree; see
+:mod:`.object_hash`), so a body corrupted in transit is retried, never taken
+for the dataset's truth.
 Token metadata is filled in by format: ``.bin`` shards take the dtype given
-(their token count is size / itemsize), ``.npy`` shards are read from their
-header, Parquet shards from the footer of their token column.
+(their token count is size / itemsize; by default, ``auto``, uint16 where the
+size is a whole number of them, else the file is a plain file, no tokens),
+``.npy`` shards are read from their header, Parquet shards from the footer
+of their token column.
 """
 
 from __future__ import annotations
@@ -20,12 +25,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..config import DEFAULT_BLOCK_SIZE
-from ..errors import ConfigError, ManifestError
-from ..hashing import StreamHasher, block_range
+from ..errors import ConfigError, ManifestError, StagerError
 from . import MANIFEST_DIR
 from .model import Manifest, ShardEntry
+from .object_hash import hash_object, reads_expected
 
 TOKEN_DTYPES = ("uint16", "uint32", "int32", "int64", "uint8")
+#: ``bin_dtype`` meaning: a ``.bin`` file is a token shard of :data:`AUTO_BIN_DTYPE` if its size
+#: allows, else a plain file. A folder of model weights then indexes, stages and mounts as is
+#: (the iterator refuses its ``.bin`` files by name), and a token folder gets its token counts.
+AUTO = "auto"
+AUTO_BIN_DTYPE = "uint16"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +45,15 @@ class IndexConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
-    bin_dtype: str | None = "uint16"  # dtype of flat .bin token shards; None: not token shards
+    bin_dtype: str | None = AUTO  # dtype of flat .bin token shards; None: not token shards; AUTO: see above
     token_column: str = "tokens"
     concurrency: int = 16  # block reads in flight across all files
     read_ahead: int = 4  # blocks read ahead within one file
+    allow_empty: bool = False  # an empty manifest when nothing is found (else ManifestError: a typo in the URL?)
 
     def __post_init__(self) -> None:
-        if self.bin_dtype is not None and self.bin_dtype not in TOKEN_DTYPES:
-            raise ConfigError(f"dtype {self.bin_dtype!r} is not one of {', '.join(TOKEN_DTYPES)}")
+        if self.bin_dtype is not None and self.bin_dtype not in TOKEN_DTYPES + (AUTO,):
+            raise ConfigError(f"dtype {self.bin_dtype!r} is not one of {', '.join(TOKEN_DTYPES + (AUTO,))}")
         if not 4096 <= self.block_size <= 1 << 30:
             raise ConfigError(f"block size must be in 4KiB..1GiB, got {self.block_size}")
 
@@ -56,10 +67,35 @@ def selected(path: str, config: IndexConfig) -> bool:
     return not any(fnmatch.fnmatchcase(path, g) for g in config.exclude)
 
 
+async def list_selected(store, config: IndexConfig = IndexConfig()) -> list:
+    """The objects of ``store`` that ``config`` selects, checked before any byte is read.
+
+    Raises:
+        OriginError: listing failed beyond the retry budget.
+        ManifestError: nothing is selected (unless ``config.allow_empty``): a typo in the URL is
+            no empty dataset; or a ``.bin`` file does not fit a dtype given outright.
+    """
+    listed = await store.list()
+    objects = [o for o in listed if selected(o.path, config)]
+    if not objects and not config.allow_empty:
+        why = f"{len(listed)} listed, none selected by --include/--exclude" if listed else "nothing there"
+        raise ManifestError(f"{store.url}: no files to index ({why}); check the URL, or give --allow-empty "
+                            "to write an empty manifest")
+    if config.bin_dtype not in (None, AUTO):  # a dtype given outright: every .bin must fit it
+        itemsize = np.dtype(config.bin_dtype).itemsize
+        for obj in objects:
+            if obj.path.endswith(".bin") and obj.size % itemsize:
+                raise ManifestError(f"{store.url.rstrip('/')}/{obj.path}: {obj.size} bytes is not a whole number "
+                                    f"of {config.bin_dtype} tokens (--dtype {AUTO} indexes such files as plain "
+                                    "files, --dtype none every .bin file)")
+    return objects
+
+
 async def build_manifest(
     store,
     config: IndexConfig = IndexConfig(),
     *,
+    objects: Sequence | None = None,
     on_listed: Callable[[int, int], None] | None = None,
     on_bytes: Callable[[int], None] | None = None,
 ) -> Manifest:
@@ -68,60 +104,62 @@ async def build_manifest(
     Args:
         store: a :class:`stager.store.Store` rooted at the dataset.
         config: globs, block size, token dtype, parallelism.
+        objects: what :func:`list_selected` returned, if the caller listed already.
         on_listed: called once with (file count, total bytes) after listing.
-        on_bytes: called with each block's size as it is hashed.
+        on_bytes: called with each block's size as it is read (see :mod:`.object_hash`).
 
     Raises:
         OriginError: listing or reading failed beyond the retry budget.
-        ManifestError: a file changed size while it was read, or nothing matched.
+        ManifestError: a file changed size while it was read, or nothing matched (unless ``allow_empty``).
     """
-    objects = [o for o in await store.list() if selected(o.path, config)]
-    if on_listed:
-        on_listed(len(objects), sum(o.size for o in objects))
+    if objects is None:
+        objects = await list_selected(store, config)
+    if on_listed:  # the bytes to read: twice those of objects nothing vouches for
+        on_listed(len(objects), sum(o.size * reads_expected(store, o) for o in objects))
     gate = asyncio.Semaphore(config.concurrency)
 
-    async def read_block(path: str, size: int, index: int) -> bytes:
-        start, end = block_range(index, size, config.block_size)
-        async with gate:
-            return await store.read_range(path, start, end)
-
     async def hash_one(obj) -> ShardEntry:
-        hasher = StreamHasher(config.block_size)
-        nblocks = -(-obj.size // config.block_size)
-        pending: list[asyncio.Task[bytes]] = []
-        head = tail = b""
-        try:
-            for index in range(nblocks):
-                while len(pending) < config.read_ahead and index + len(pending) < nblocks:
-                    pending.append(asyncio.ensure_future(read_block(obj.path, obj.size, index + len(pending))))
-                data = await pending.pop(0)
-                hasher.update(data)
-                if index == 0:
-                    head = data[:4096]
-                tail = (tail + data)[-(2 * config.block_size):] if obj.path.endswith(".parquet") else b""
-                if on_bytes:
-                    on_bytes(len(data))
-        finally:
-            for task in pending:
-                task.cancel()
-        digest, blocks = hasher.finish()
-        if hasher.size != obj.size:
-            raise ManifestError(f"{store.url}/{obj.path}: size changed while indexing ({obj.size} -> {hasher.size})")
-        dtype, tokens = token_info(obj.path, obj.size, head, tail, config)
-        return ShardEntry(obj.path, obj.size, digest, tuple(blocks), dtype, tokens, obj.mtime)
+        hashed = await hash_object(store, obj, config.block_size, gate=gate, read_ahead=config.read_ahead,
+                                   keep_tail=obj.path.endswith(".parquet"), on_bytes=on_bytes)
+        dtype, tokens = token_info(obj.path, obj.size, hashed.head, hashed.tail, config)
+        return ShardEntry(obj.path, obj.size, hashed.digest, hashed.blocks, dtype, tokens, obj.mtime)
 
-    async with asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(hash_one(o)) for o in objects]
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(hash_one(o)) for o in objects]
+    except BaseExceptionGroup as group:  # report the error that stopped the index, not a group of them
+        raise first_error(group) from None
     return Manifest.from_entries((t.result() for t in tasks), config.block_size)
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first leaf of an exception group, preferring a :class:`~stager.errors.StagerError`."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            stack[:0] = exc.exceptions
+        else:
+            leaves.append(exc)
+    return next((e for e in leaves if isinstance(e, StagerError)), leaves[0])
+
+
+def plain_bin_files(manifest: Manifest) -> list[str]:
+    """The ``.bin`` files of ``manifest`` recorded as plain files (no token count)."""
+    return [p for p, t in zip(manifest.paths, manifest.tokens.tolist()) if t < 0 and p.endswith(".bin")]
 
 
 def token_info(path: str, size: int, head: bytes, tail: bytes, config: IndexConfig) -> tuple[str | None, int | None]:
     """The token dtype and count of a shard, from its name and its first and last bytes."""
     if path.endswith(".bin") and config.bin_dtype:
-        itemsize = np.dtype(config.bin_dtype).itemsize
+        dtype = AUTO_BIN_DTYPE if config.bin_dtype == AUTO else config.bin_dtype
+        itemsize = np.dtype(dtype).itemsize
         if size % itemsize:
-            raise ManifestError(f"{path}: {size} bytes is not a whole number of {config.bin_dtype} tokens")
-        return config.bin_dtype, size // itemsize
+            if config.bin_dtype == AUTO:
+                return None, None  # not tokens: a plain file
+            raise ManifestError(f"{path}: {size} bytes is not a whole number of {dtype} tokens")
+        return dtype, size // itemsize
     if path.endswith(".npy"):
         return _npy_info(path, head)
     if path.endswith(".parquet"):

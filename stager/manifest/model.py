@@ -26,7 +26,10 @@ import pyarrow as pa
 
 from ..config import DEFAULT_BLOCK_SIZE
 
-FORMAT_VERSION = 1
+#: The format stager writes: version 2 carries its own digest (see :mod:`.seal`).
+FORMAT_VERSION = 2
+#: The format of earlier versions, without a digest: still read, judged by the structural checks alone.
+LEGACY_FORMAT_VERSION = 1
 
 SCHEMA = pa.schema(
     [

@@ -1,9 +1,13 @@
-"""The manifest's file format: Parquet with a versioned schema.
+"""The manifest's file format: Parquet with a versioned schema, sealed with its own digest.
 
 The file carries ``stager.format_version`` and ``stager.block_size`` in its
-schema metadata. A reader refuses a version it does not know, with a message
-that says so, rather than guessing at a layout. Compression is zstd; the
-columns are the ones in :mod:`stager.manifest.model`.
+schema metadata, and (from version 2) ``stager.manifest_digest``, the
+xxh3-128 of the file's bytes (:mod:`.seal`), checked before anything is
+parsed. A reader refuses a version it does not know, with a message that says
+so, rather than guessing at a layout; version 1 (legacy, unsealed) manifests
+still load, judged by the structural checks alone, but only when no trace of a
+seal is found. Compression is zstd; the columns are the ones in
+:mod:`stager.manifest.model`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ManifestError
-from .model import FORMAT_VERSION, SCHEMA, Manifest
+from .model import FORMAT_VERSION, LEGACY_FORMAT_VERSION, SCHEMA, Manifest
+from .seal import DIGEST_KEY, UNSEALED_VALUE, check_seal, seal
 from .validate import CastOptions, call_function, validate_table
 
 _VERSION_KEY = b"stager.format_version"
@@ -23,7 +28,7 @@ _CREATOR_KEY = b"stager.created_by"
 
 
 def encode_manifest(manifest: Manifest) -> bytes:
-    """Serialise a manifest to Parquet bytes (written atomically by the caller)."""
+    """Serialise a manifest to sealed Parquet bytes (written atomically by the caller)."""
     from .. import __version__
 
     table = manifest.table.replace_schema_metadata(
@@ -31,19 +36,35 @@ def encode_manifest(manifest: Manifest) -> bytes:
             _VERSION_KEY: str(FORMAT_VERSION).encode(),
             _BLOCK_KEY: str(manifest.block_size).encode(),
             _CREATOR_KEY: f"stager {__version__}".encode(),
+            DIGEST_KEY: UNSEALED_VALUE,
         }
     )
     sink = io.BytesIO()
     # Digests are random: dictionary encoding them only costs time on both ends.
     pq.write_table(table, sink, compression="zstd", use_dictionary=["dtype"], row_group_size=1 << 20)
-    return sink.getvalue()
+    return seal(sink.getvalue())
 
 
 def decode_manifest(data: bytes | memoryview, name: str) -> Manifest:
-    """Parse and validate manifest bytes read from ``name``.
+    """Verify, parse and validate manifest bytes read from ``name``.
 
     Raises:
-        ManifestError: not Parquet, unknown version, wrong schema, or any invalid entry.
+        ManifestError: a digest that does not match, not Parquet, unknown version, wrong
+            schema, or any invalid entry.
+    """
+    return parse_manifest(data, name, sealed=check_seal(data, name))
+
+
+def parse_manifest(data: bytes | memoryview, name: str, *, sealed: bool) -> Manifest:
+    """Parse and validate manifest bytes whose seal :func:`~.seal.check_seal` judged already.
+
+    Args:
+        sealed: what ``check_seal`` returned: True for bytes that matched their digest,
+            False for bytes without one (then only a legacy version is accepted).
+
+    Raises:
+        ManifestError: not Parquet, a version that does not go with ``sealed``, wrong
+            schema, or any invalid entry.
     """
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
@@ -57,9 +78,15 @@ def decode_manifest(data: bytes | memoryview, name: str) -> Manifest:
         block_size = int(metadata[_BLOCK_KEY])
     except (KeyError, ValueError) as exc:
         raise ManifestError(f"{name}: unreadable format version or block size") from exc
-    if version != FORMAT_VERSION:
+    if version == FORMAT_VERSION and not sealed:
+        # The third marker: a sealed manifest whose two digest markers were both lost.
+        raise ManifestError(f"{name}: a version {version} manifest without its digest (corrupt manifest)")
+    if version == LEGACY_FORMAT_VERSION and sealed:
+        raise ManifestError(f"{name}: a version {version} manifest with a digest: no stager writes that "
+                            f"(only version {FORMAT_VERSION} manifests carry one)")
+    if version not in (FORMAT_VERSION, LEGACY_FORMAT_VERSION):
         raise ManifestError(f"{name}: manifest format version {version} is not supported "
-                            f"(this stager reads version {FORMAT_VERSION})")
+                            f"(this stager reads versions {LEGACY_FORMAT_VERSION} and {FORMAT_VERSION})")
     names = pf.schema_arrow.names
     missing = [f.name for f in SCHEMA if f.name not in names]
     if missing:

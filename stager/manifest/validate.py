@@ -18,14 +18,12 @@ except ImportError:  # pragma: no cover - a pyarrow that moved them
 
 from ..errors import ManifestError
 from ..hashing import block_count
+from ..paths import BAD_PATH_PATTERN, BAD_PATH_PROBLEM
 
 MAX_SHARD_SIZE = 1 << 50  # 1 PiB: anything larger is a corrupt manifest, not a shard
 MIN_BLOCK_SIZE = 4096
 MAX_BLOCK_SIZE = 1 << 30
 KNOWN_DTYPES = frozenset({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"})
-
-# Empty, absolute, '.' or '..' components, empty components, trailing '/', control characters.
-_BAD_PATH = r"(^$|^/|(^|/)\.\.?(/|$)|//|/$|[\x00-\x1f])"
 
 
 def _first(mask: pa.ChunkedArray | pa.Array | np.ndarray) -> int | None:
@@ -48,9 +46,9 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
         if row is not None:
             raise ManifestError(f"{name}: entry {row}: {column} is missing")
 
-    row = _first(call_function("match_substring_regex", [paths], MatchSubstringOptions(_BAD_PATH)))
+    row = _first(call_function("match_substring_regex", [paths], MatchSubstringOptions(BAD_PATH_PATTERN)))
     if row is not None:
-        raise bad(row, "path is empty, absolute, or has '.', '..' or empty components")
+        raise bad(row, BAD_PATH_PROBLEM)
 
     if table.num_rows > 1:
         # Manifests are written sorted by path: strictly increasing means unique, checked in one pass.

@@ -37,7 +37,7 @@ import xxhash
 
 from ..engine.concurrency import ConcurrencyController
 from ..engine.gate import PriorityGate
-from ..errors import CorruptData, OriginChanged, OriginError, ShardNotFound, StagerError
+from ..errors import CorruptData, OriginChanged, OriginError, ShardNotFound, StagerError, first_error
 from ..store import InvalidRange, RangeSink, Store, UnsupportedOperation, Upload
 from ..store.parts import MAX_PARTS
 from .budget import ByteBudget
@@ -238,7 +238,7 @@ class Copier:
                     granted = await self.budget.acquire(end - start)
                     tg.create_task(self._part(upload, item, number, start, end, granted))
         except BaseExceptionGroup as group:
-            raise _first(group) from None
+            raise first_error(group) from None
         await self._changing()
         try:
             with _uploading(self.dst, item.path):
@@ -377,11 +377,3 @@ async def abort_upload(dst: Store, path: str, part_size: int, token: str) -> Non
         await upload.abort()
     except (ShardNotFound, UnsupportedOperation):
         pass
-
-
-def _first(group: BaseExceptionGroup) -> BaseException:
-    """The first leaf of an exception group (the error that stopped the parts)."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc

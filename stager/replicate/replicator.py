@@ -11,7 +11,9 @@ semaphore on objects in flight and a byte budget on buffers
 Errors that concern one object (gone from the source, bytes that never match
 the manifest) are counted and reported, and the run goes on with the others;
 errors that concern a whole side (down beyond the retry budget, access denied,
-the destination bucket gone) stop the run at once. Either way nothing is
+the destination bucket gone) stop the run at once. When the source manifest
+is an index this tool made on the fly, an object whose bytes keep failing it
+is hashed again and copied by the new digests (:mod:`.source`). Either way nothing is
 published: the destination manifest is removed before the first change to
 the destination and written again only when every object of every shard is
 there and verified (:mod:`.finalize`), so a consumer never takes a half
@@ -24,18 +26,21 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from ..config import RetryConfig, SourceConfig
 from ..errors import (
     ConfigError,
     CorruptData,
     ManifestError,
+    OriginChanged,
     ShardNotFound,
-    StagerError,
+    first_error,
 )
-from ..manifest import MANIFEST_PATH, Manifest, decode_manifest
+from ..manifest import MANIFEST_PATH, Manifest, ShardEntry, decode_manifest
 from ..manifest.build import IndexConfig
 from ..store import InvalidRange, ObjectInfo, OriginStats, Store, open_store
 from .budget import ByteBudget
@@ -49,9 +54,9 @@ from .copier import (
 )
 from .finalize import finish_shard, present_markers, publish
 from .journal import Journal
-from .plan import Plan, PlanRules, PlanSummary
+from .plan import Plan, PlanItem, PlanRules, PlanSummary
 from .shards import Shard
-from .source import read_manifest_bytes, source_manifest
+from .source import keep_reindexed, read_manifest_bytes, reindex_object, source_manifest
 from .state import RunLock, state_dir_for
 from .stats import ReplicateStats
 
@@ -80,8 +85,9 @@ class ReplicateConfig:
     buffer: int = 128 * MiB  # bytes held by transfers in flight
     bandwidth: int | None = None  # bytes/s, per side
     retry: RetryConfig = field(default_factory=RetryConfig)
-    # For a source without a manifest: any files, so .bin files are not taken for token shards.
-    index: IndexConfig = field(default_factory=lambda: IndexConfig(bin_dtype=None))
+    # For a source without a manifest: as `stager index` would (the same defaults), so a replica's
+    # manifest describes token shards as the source's own would.
+    index: IndexConfig = field(default_factory=IndexConfig)
 
     def __post_init__(self) -> None:
         if not 1 <= self.concurrency <= 4096:
@@ -113,6 +119,9 @@ class Replicator:
         self._manifest_removed = False
         self._change_lock = asyncio.Lock()
         self._dst: Store | None = None
+        self.block_size = 0
+        #: Entries of an index of our own made again this run (see :mod:`.source`), by path.
+        self.reindexed: dict[str, ShardEntry] = {}
 
     async def run(self) -> dict[str, Any]:
         """Replicate; return the summary (see :meth:`summary`).
@@ -145,6 +154,7 @@ class Replicator:
             if source.indexed:
                 self.phase = "indexed the source"
             manifest_data, run_id, block_size = source.data, source.run_id, source.manifest.block_size
+            self.block_size = block_size
 
             self.phase = "listing the destination"
             dst_data = await read_manifest_bytes(dst)
@@ -159,7 +169,10 @@ class Replicator:
             plan = await Plan.build(state / f"plan-{cfg.shard.label}.sqlite", source.manifest, cfg.shard, rules,
                                     dst_pages=_pages(dst), dst_manifest=dst_manifest, journal_path=journal.path)
             stack.push_async_callback(plan.close)
-            del source, dst_manifest  # the plan has what it needs, on disk
+            # The plan has what it needs, on disk; an index of our own is kept (as bytes) in case
+            # one of its entries must be made again.
+            own_index = replace(source, manifest=None) if source.indexed else None
+            del source, dst_manifest
             self.plan_summary = plan.summary
             if cfg.dry_run:
                 return self.summary(began, run_id, published=False, complete=False, dry=True,
@@ -174,7 +187,12 @@ class Replicator:
                 copy=not cfg.finalize, concurrency=cfg.concurrency,
             )
             self.copier = copier
-            await self._copy_all(plan, copier)
+            await self._copy_all(plan, copier, src if own_index is not None else None)
+            if self.reindexed:
+                self.phase = "keeping the repaired index"
+                fixed = await keep_reindexed(own_index, self.reindexed, f"{src.url}: index made on the fly")
+                manifest_data, run_id = fixed.data, fixed.run_id
+                del fixed
             if cfg.delete and not cfg.finalize:
                 self.phase = "deleting"
                 await self._delete_extras(plan, dst)
@@ -228,13 +246,23 @@ class Replicator:
                 await abort_upload(dst, record.path, record.part_size, record.token)
                 await journal.forget(record.path)
 
-    async def _copy_all(self, plan: Plan, copier: Copier) -> None:
+    async def _copy_all(self, plan: Plan, copier: Copier, reindex_from: Store | None) -> None:
+        """Copy (or check) every item of the plan; with ``reindex_from`` (the source, when its manifest
+        is an index of our own), an object whose bytes keep failing it is hashed again and copied by that."""
         stats = self.stats
         slots = asyncio.Semaphore(max(8, 2 * self.config.concurrency))
 
-        async def one(item) -> None:
+        async def one(item: PlanItem) -> None:
             try:
-                await copier.replicate(item)
+                try:
+                    await copier.replicate(item)
+                except OriginChanged:
+                    if reindex_from is None:
+                        raise
+                    fixed = await self._reindexed_item(reindex_from, item)
+                    if fixed is None:  # hashed alike again: the index was right, the origin is not
+                        raise
+                    await copier.replicate(fixed)
             except PER_OBJECT as exc:
                 stats.fail(str(exc))
             finally:
@@ -247,7 +275,17 @@ class Replicator:
                         await slots.acquire()  # a bounded number of tasks alive, whatever the plan's size
                         tg.create_task(one(item))
         except BaseExceptionGroup as group:
-            raise _first_error(group) from None
+            raise first_error(group) from None
+
+    async def _reindexed_item(self, src: Store, item: PlanItem) -> PlanItem | None:
+        """``item`` hashed again at the source, or None if its digest came out the same."""
+        entry = await reindex_object(src, item.path, replace(self.config.index,
+                                                                          block_size=self.block_size))
+        if bytes.fromhex(entry.digest) == item.digest and entry.size == item.size:
+            return None
+        self.reindexed[item.path] = entry
+        return PlanItem(item.path, entry.size, bytes.fromhex(entry.digest), np.asarray(entry.blocks, dtype="<u8"),
+                        item.action)
 
     async def _delete_extras(self, plan: Plan, dst: Store) -> None:
         gate = asyncio.Semaphore(self.config.concurrency)
@@ -264,7 +302,7 @@ class Replicator:
                     for path in batch:
                         tg.create_task(one(path))
             except BaseExceptionGroup as group:
-                raise _first_error(group) from None
+                raise first_error(group) from None
 
     # -- reporting -----------------------------------------------------------------------
 
@@ -305,6 +343,7 @@ class Replicator:
             "failed": stats.failed,
             "errors": list(stats.errors),
             "corrupt_blocks_rejected": stats.corrupt_blocks,
+            "reindexed_objects": len(self.reindexed),
             "retries": {"source": self.src_stats.retries, "destination": self.dst_stats.retries},
             "concurrency_peak": self._concurrency_peaks(),
             "manifest_published": published,
@@ -357,11 +396,3 @@ async def _pages(store: Store) -> AsyncIterator[list[ObjectInfo]]:
             yield page
     except ShardNotFound:
         return
-
-
-def _first_error(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        stager = [e for e in exc.exceptions if isinstance(e, StagerError)]
-        exc = (stager or list(exc.exceptions))[0]
-    return exc

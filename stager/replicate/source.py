@@ -10,6 +10,12 @@ hashed once) and the result kept in the state directory under a fingerprint
 of the source listing (paths, sizes, mtimes), so a rerun after a kill does not
 hash the source again unless it changed. Sharded runs need a manifest at the
 source: N shards indexing on their own would each read everything.
+
+An index made on the fly is ours, not the data owner's: when an object's
+blocks keep failing against it (an older stager recorded a corrupted read,
+say), that object is hashed again (:func:`reindex_object`), the copy goes on
+by the new digests and the kept index is rewritten (:func:`keep_reindexed`).
+A manifest found at the source stays the truth: failing there is right.
 """
 
 from __future__ import annotations
@@ -22,18 +28,23 @@ from pathlib import Path
 
 import xxhash
 
-from ..errors import ManifestError, ShardNotFound
+from ..errors import CorruptData, ManifestError, OriginError, ShardNotFound, first_error
 from ..manifest import (
     MANIFEST_DIR,
     MANIFEST_PATH,
+    LoadedManifest,
     Manifest,
+    ShardEntry,
     decode_manifest,
+    load_manifest_data,
     encode_manifest,
 )
-from ..manifest.build import IndexConfig, build_manifest
+from ..manifest.build import IndexConfig, build_manifest, token_info
+from ..manifest.object_hash import hash_object
 from ..store import Store, UnsupportedOperation
+from ..store.translate import relocated
 
-#: Reads of a manifest at most, until two of them agree.
+#: Reads of a legacy manifest (no digest of its own) at most, until two of them agree.
 MANIFEST_READS = 8
 
 
@@ -44,6 +55,7 @@ class SourceManifest:
     manifest: Manifest
     data: bytes
     indexed: bool  # built on the fly: the source has no manifest
+    kept: Path | None = None  # where an index built on the fly is kept (in the state directory)
 
     @property
     def run_id(self) -> str:
@@ -55,29 +67,54 @@ def run_id_of(data: bytes) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
-async def read_manifest_bytes(store: Store) -> bytes | None:
-    """The raw manifest of ``store``, or None if it has none.
+async def read_source_manifest(store: Store) -> LoadedManifest | None:
+    """The manifest of ``store`` with its bytes, verified; None if it has none.
 
-    The manifest is what every byte is checked against, but nothing checks the
-    manifest itself on the way: it is read until two reads agree, so a body
-    corrupted in transit is not taken for the dataset's truth.
+    The manifest is what every byte is checked against. A sealed one checks
+    itself: it is read until it matches its own digest, inside the store's
+    retry loop. A legacy one carries no digest, so it is read until two reads
+    agree, so that a body corrupted in transit is not taken for the dataset's truth.
 
     Raises:
-        ManifestError: no two reads agreed.
+        ManifestError: still corrupt after the retry budget, or no two reads of a legacy one agreed.
         OriginError: reading failed beyond the retry budget.
     """
-    seen: set[bytes] = set()
-    for _ in range(MANIFEST_READS):
+    loaded = await load_manifest_data(store, missing_ok=True)
+    if loaded is None or loaded.sealed:
+        return loaded
+    seen = {xxhash.xxh3_128_digest(loaded.data)}
+    for _ in range(MANIFEST_READS - 1):
+        loaded = await load_manifest_data(store, missing_ok=True)
+        if loaded is None:
+            return None
+        digest = xxhash.xxh3_128_digest(loaded.data)
+        if digest in seen:
+            return loaded
+        seen.add(digest)
+    raise ManifestError(f"{store.url.rstrip('/')}/{MANIFEST_PATH}: {MANIFEST_READS} reads of this legacy manifest "
+                        "(no digest of its own) gave different bytes; the origin is corrupting bodies or the "
+                        "manifest is being rewritten")
+
+
+async def read_manifest_bytes(store: Store) -> bytes | None:
+    """The raw manifest of a destination, or None if it has none.
+
+    Verified as :func:`read_source_manifest` does; one that never checks out is
+    returned as read (the caller treats it as unreadable: it is replaced at the end).
+
+    Raises:
+        OriginError: reading failed beyond the retry budget.
+    """
+    try:
+        loaded = await read_source_manifest(store)
+    except ManifestError:
         try:
-            data = await store.read(MANIFEST_PATH)
+            return await store.read(MANIFEST_PATH)
         except ShardNotFound:
             return None
-        digest = xxhash.xxh3_128_digest(data)
-        if digest in seen:
-            return data
-        seen.add(digest)
-    raise ManifestError(f"{store.url.rstrip('/')}/{MANIFEST_PATH}: {MANIFEST_READS} reads gave different bytes; "
-                        "the origin is corrupting bodies or the manifest is being rewritten")
+        except OriginError as exc:  # say which URL, and where it was asked
+            raise relocated(exc, MANIFEST_PATH, f"{store.url.rstrip('/')}/{MANIFEST_PATH}", store.endpoint) from exc
+    return None if loaded is None else loaded.data
 
 
 async def source_manifest(
@@ -97,9 +134,9 @@ async def source_manifest(
         OriginError: reading or listing the source failed.
     """
     name = f"{src.url.rstrip('/')}/{MANIFEST_PATH}"
-    data = await read_manifest_bytes(src)
-    if data is not None:
-        return SourceManifest(decode_manifest(data, name), data, indexed=False)
+    loaded = await read_source_manifest(src)
+    if loaded is not None:
+        return SourceManifest(loaded.manifest, loaded.data, indexed=False)
     if not allow_index:
         raise ManifestError(f"{name}: no manifest; run `stager index {src.url}` first "
                             "(every shard must plan from the same manifest)")
@@ -112,17 +149,48 @@ async def source_manifest(
     data = await asyncio.to_thread(_read_if_present, cached)
     if data is not None:
         try:
-            return SourceManifest(decode_manifest(data, str(cached)), data, indexed=True)
+            return SourceManifest(decode_manifest(data, str(cached)), data, indexed=True, kept=cached)
         except ManifestError:
             cached.unlink(missing_ok=True)  # damaged: index again
     try:
-        manifest = await build_manifest(src, index or IndexConfig(bin_dtype=None), on_listed=on_listed,
-                                        on_bytes=on_bytes)
+        manifest = await build_manifest(src, index or IndexConfig(), on_listed=on_listed, on_bytes=on_bytes)
     except BaseExceptionGroup as group:  # the indexer's task group: report its first error
-        raise _first_leaf(group) from None
+        raise first_error(group) from None
     data = encode_manifest(manifest)
     await asyncio.to_thread(_keep_index, cached, data)
-    return SourceManifest(manifest, data, indexed=True)
+    return SourceManifest(manifest, data, indexed=True, kept=cached)
+
+
+async def reindex_object(src: Store, path: str, index: IndexConfig) -> ShardEntry:
+    """The manifest entry of ``src``'s object at ``path``, hashed again as :func:`build_manifest` would.
+
+    For an index made on the fly (by this stager or an older one) whose digests of an object
+    keep failing: the index is ours, not the data owner's, so it is what may be wrong.
+
+    Raises:
+        CorruptData: the object's reads do not agree, or changed while read.
+        ShardNotFound: the object is gone.
+        OriginError: reading failed beyond the retry budget.
+    """
+    info = await src.info(path)
+    try:
+        hashed = await hash_object(src, info, index.block_size, gate=asyncio.Semaphore(index.read_ahead),
+                                   read_ahead=index.read_ahead, keep_tail=path.endswith(".parquet"))
+        dtype, tokens = token_info(path, info.size, hashed.head, hashed.tail, index)
+    except ManifestError as exc:  # it changed size while read: a per-object failure, not the run's
+        raise CorruptData(str(exc)) from exc
+    return ShardEntry(path, info.size, hashed.digest, hashed.blocks, dtype, tokens, info.mtime)
+
+
+async def keep_reindexed(source: SourceManifest, fixed: dict[str, ShardEntry], name: str) -> SourceManifest:
+    """``source`` with the entries of ``fixed`` replacing theirs, kept again in the state directory."""
+    manifest = decode_manifest(source.data, name)
+    entries = [fixed.get(entry.path, entry) for entry in manifest]
+    manifest = Manifest.from_entries(entries, manifest.block_size)
+    data = encode_manifest(manifest)
+    if source.kept is not None:
+        await asyncio.to_thread(_keep_index, source.kept, data)
+    return SourceManifest(manifest, data, indexed=True, kept=source.kept)
 
 
 def _read_if_present(path: Path) -> bytes | None:
@@ -153,10 +221,3 @@ async def listing_fingerprint(store: Store) -> str:
             total = (total + xxhash.xxh3_64_intdigest(f"{obj.path}\0{obj.size}\0{obj.mtime}".encode())) % (1 << 64)
             count += 1
     return f"{count:x}-{total:016x}"
-
-
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc

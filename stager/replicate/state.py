@@ -1,9 +1,11 @@
 """Where a replication keeps its local state, and the lock that makes one run at a time use it.
 
 The state directory is on the machine running the copy, never on the
-destination: default ``~/.cache/stager/replicate/<xxh3-64 of SRC and DST>/``,
-or ``--state-dir``. It holds the journal (shared by the shards of the
-replication that run on this machine), one plan database per shard, the
+destination: default ``$XDG_STATE_HOME/stager/replicate/<xxh3-64 of SRC and DST>/``
+(``~/.local/state/stager/replicate/...`` without it), or ``--state-dir``;
+state that older versions left in ``~/.cache/stager/replicate`` is moved there
+first. It holds the journal (shared by the shards of the replication that run
+on this machine), one plan database per shard, the
 manifest built on the fly for a source without one, and per-shard lock files.
 A second run of the same shard while one is running fails at once instead of
 racing it for the same uploads.
@@ -17,10 +19,9 @@ from pathlib import Path
 
 import xxhash
 
+from ..config import LEGACY_STATE_ROOT, default_state_root, move_legacy_replicate_state
 from ..errors import StagerError
 from .shards import Shard
-
-DEFAULT_STATE_ROOT = "~/.cache/stager/replicate"
 
 
 class ReplicationBusy(StagerError, BlockingIOError):
@@ -32,7 +33,9 @@ def state_dir_for(src_url: str, dst_url: str, override: str | os.PathLike[str] |
     if override:
         return Path(override).expanduser()
     key = xxhash.xxh3_64_hexdigest(f"{src_url}\n{dst_url}".encode())
-    return Path(DEFAULT_STATE_ROOT).expanduser() / key
+    move_legacy_replicate_state()
+    legacy = Path(LEGACY_STATE_ROOT).expanduser() / key
+    return legacy if legacy.is_dir() else default_state_root() / key
 
 
 class RunLock:

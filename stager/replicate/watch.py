@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 
 from ..config import DEFAULT_BLOCK_SIZE
-from ..errors import ConfigError, CorruptData, ShardNotFound
-from ..hashing import StreamHasher, block_range
+from ..errors import ConfigError, CorruptData, ManifestError, ShardNotFound
 from ..manifest import MANIFEST_DIR, Manifest, ShardEntry, save_manifest
+from ..manifest import object_hash
 from ..store import InvalidRange, ObjectInfo, OriginStats, Store, open_store
 from ..store.local_store import TMP_MARKER
 from .budget import ByteBudget
@@ -185,25 +185,25 @@ READ_AHEAD = 4
 
 
 async def hash_object(store: Store, path: str, size: int, block_size: int) -> tuple[str, list[int]]:
-    """The xxh3-128 and per-block xxh3-64 digests of an object, each block read once, a few ahead."""
-    hasher = StreamHasher(block_size)
-    count = -(-size // block_size)
-    if count == 0:
-        await store.info(path)  # an empty file must still exist
-        return hasher.finish()
-    pending: list[asyncio.Task[bytes]] = []
+    """The xxh3-128 and per-block xxh3-64 digests of an object's true bytes, as ``stager index`` takes them.
+
+    The object's MD5, where the origin vouches for one, comes from a HEAD now (the listing that
+    found the file may be older); otherwise each block is read until two reads agree (see
+    :mod:`stager.manifest.object_hash`).
+
+    Raises:
+        CorruptData: the object changed since it was listed (another size) or its bytes do not hold still.
+        ShardNotFound: it is gone.
+    """
+    info = await store.info(path)  # an empty file must still exist, too
+    if info.size != size:
+        raise CorruptData(f"{path}: {info.size} bytes now, {size} when listed: still being written")
     try:
-        for index in range(count):
-            while len(pending) < READ_AHEAD and index + len(pending) < count:
-                start, end = block_range(index + len(pending), size, block_size)
-                pending.append(asyncio.ensure_future(store.read_range(path, start, end)))
-            hasher.update(await pending.pop(0))
-    finally:
-        for task in pending:
-            task.cancel()
-        if pending:  # collect them, so no error of a read ahead goes unretrieved
-            await asyncio.gather(*pending, return_exceptions=True)
-    return hasher.finish()
+        hashed = await object_hash.hash_object(store, info, block_size, gate=asyncio.Semaphore(READ_AHEAD),
+                                               read_ahead=READ_AHEAD)
+    except ManifestError as exc:  # changed size while read
+        raise CorruptData(str(exc)) from exc
+    return hashed.digest, list(hashed.blocks)
 
 
 async def watch_replicate(

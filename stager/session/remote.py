@@ -67,7 +67,7 @@ from ..daemon.config import default_socket_path
 from ..daemon.protocol import (API, CONSUMER_KEY_HEADER, PENDING, ConsumerKeyMismatch, DaemonUnavailable,
                                ManifestVersionGone, UnknownPlan, manifest_fingerprint)
 from ..errors import CacheError, ConfigError, DaemonError, StagerError
-from ..hashing import block_range
+from ..hashing import block_digest, block_range
 from ..manifest import Manifest, load_manifest
 from ..store import open_store, split_protocol
 from .base import DatasetHandle, PlanHandle, Session
@@ -388,10 +388,11 @@ class RemoteSession(Session):
         if block < 0 or start >= size:
             raise IndexError(f"shard {index} has no block {block}")
         digest = m.digest(index)
+        expected = m.block_digests(index)[block]
         loop = asyncio.get_running_loop()
         if self.mode == "daemon":  # a complete blob needs no question (see the module doc)
-            data = await loop.run_in_executor(None, _pread_if_there, self.layout.complete_path(digest),
-                                              end - start, start)
+            data = await loop.run_in_executor(None, self._read_checked, digest, self.layout.complete_path(digest),
+                                              start, end, expected)
             if data is not None:
                 return data
 
@@ -407,11 +408,11 @@ class RemoteSession(Session):
                     body["again"] = True
                 if answer.get("path"):
                     path = self._checked_path(answer, digest)
-                    data = await loop.run_in_executor(None, _pread_if_there, path, end - start, start)
+                    data = await loop.run_in_executor(None, self._read_checked, digest, path, start, end, expected)
                 else:
-                    data = await loop.run_in_executor(None, self._read_verified, digest, block)
+                    data = await loop.run_in_executor(None, self._read_verified, digest, block, expected)
                 if data is not None:
-                    return data
+                    return data  # else gone, or changed on the disk and dropped: the daemon fetches it again
             raise CacheError(f"{dataset.url}/{m.paths[index]}: block {block} kept being evicted from the cache "
                              f"at {self.cache.directory} before it could be read")
 
@@ -421,21 +422,51 @@ class RemoteSession(Session):
 
         return await self._run(remote, embedded)
 
-    def _read_verified(self, digest: str, block: int) -> bytes | None:
-        """A verified block of a blob that may still be partial, read from the shared cache (in a thread);
-        None if the blob went away meanwhile (evicted, or dropped and begun again)."""
+    def _view(self) -> CacheTier:
         with self._cache_lock:
             if self._cache_view is None:
                 self._cache_view = CacheTier(self.cache, reconcile=False)
-        handle = self._cache_view.open_partial(digest)  # complete blobs too; the open file survives eviction
+            return self._cache_view
+
+    def _read_checked(self, digest: str, path: Path, start: int, end: int, expected: int) -> bytes | None:
+        """Bytes ``[start, end)`` (one block) of a complete cache file, checked against the block's digest
+        (in a thread); None if the file is gone, or changed on the disk (then it is dropped, to be fetched
+        again)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            data = os.pread(fd, end - start, start)
+            if len(data) == end - start and block_digest(data) == expected:
+                return data
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        log.warning("blob %s changed on the cache disk since it was verified; dropping it", digest)
+        self._view().drop_corrupt(digest, (st.st_dev, st.st_ino))
+        return None
+
+    def _read_verified(self, digest: str, block: int, expected: int) -> bytes | None:
+        """A verified block of a blob that may still be partial, read from the shared cache and checked
+        against its digest (in a thread); None if the blob went away meanwhile (evicted, or dropped and
+        begun again) or the block changed on the disk (then it is dropped, to be fetched again)."""
+        handle = self._view().open_partial(digest)  # complete blobs too; the open file survives eviction
         if handle is None:
             return None
         try:
-            return handle.read_block(block)
-        except CacheError:
+            data = handle.read_block(block)
+            if block_digest(data) == expected:
+                return data
+            st = os.stat(handle.path)
+            bad = None if handle.complete else [block]
+        except (CacheError, FileNotFoundError):
             return None
         finally:
             handle.close()
+        log.warning("blob %s: block %d changed on the cache disk since it was verified; dropping it", digest, block)
+        self._view().drop_corrupt(digest, (st.st_dev, st.st_ino), bad)
+        return None
 
     def stats(self) -> dict[str, float]:
         """This consumer's counters: wait time and waits for readiness, long-polls, reconnects, plan
@@ -705,15 +736,3 @@ async def _load_manifest(source: SourceConfig, fetch: FetchConfig) -> Manifest:
 def _consumer_id() -> str:
     host = "".join(c for c in _socket.gethostname() if c.isalnum() or c in "-.")[:64] or "host"
     return f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _pread(path: Path, length: int, offset: int) -> bytes:
-    with open(path, "rb") as fh:
-        return os.pread(fh.fileno(), length, offset)
-
-
-def _pread_if_there(path: Path, length: int, offset: int) -> bytes | None:
-    try:
-        return _pread(path, length, offset)
-    except FileNotFoundError:
-        return None

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Mapping
 
 from ..errors import OriginError, ShardNotFound
+from ..paths import BAD_PATH_PROBLEM, is_safe_path
 
 #: ``check(data)`` verifies a body before it is returned; it raises
 #: :class:`~stager.errors.CorruptData` to have the read retried. It may be a
@@ -90,11 +91,17 @@ class UnsupportedOperation(OriginError):
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """One object of a store: its path relative to the root, its size, its mtime (epoch seconds) if known."""
+    """One object of a store: its path relative to the root, its size, its mtime (epoch seconds) if known.
+
+    ``md5`` (lowercase hex) is the MD5 of the object's bytes where the origin vouches for it
+    (S3's ETag of a single-part object, GCS's md5Hash, Azure's Content-MD5), else None. It
+    describes the object, not its listing, so it takes no part in comparisons.
+    """
 
     path: str
     size: int
     mtime: float | None = None
+    md5: str | None = field(default=None, compare=False)
 
 
 def split_protocol(url: str) -> tuple[str | None, str]:
@@ -112,18 +119,10 @@ def split_protocol(url: str) -> tuple[str | None, str]:
 def validate_path(path: str) -> str:
     """Return ``path`` if it is a safe relative object path, else raise :class:`InvalidPath`.
 
-    Safe means: a non-empty ``str``, ``/``-separated, not absolute, no empty,
-    ``.`` or ``..`` segment, no NUL and no backslash.
+    Safe is the one rule of :mod:`stager.paths`, which the manifest's validation applies too.
     """
-    if not isinstance(path, str) or not path:
-        raise InvalidPath(f"{path!r}: an object path must be a non-empty string")
-    if path.startswith("/"):
-        raise InvalidPath(f"{path!r}: an object path must be relative to the store's root")
-    if "\x00" in path or "\\" in path:
-        raise InvalidPath(f"{path!r}: an object path must not contain NUL or backslash")
-    for part in path.split("/"):
-        if part in ("", ".", ".."):
-            raise InvalidPath(f"{path!r}: empty, '.' and '..' segments are not allowed")
+    if not is_safe_path(path):
+        raise InvalidPath(f"{path!r}: {BAD_PATH_PROBLEM}")
     return path
 
 
@@ -182,6 +181,11 @@ class Upload(abc.ABC):
 
 class Store(abc.ABC):
     """An origin rooted at :attr:`url`. See the package docstring for the contract."""
+
+    @property
+    def endpoint(self) -> str | None:
+        """Where requests go when :attr:`url` does not say (an S3 endpoint), for messages; None if it does."""
+        return None
 
     @property
     @abc.abstractmethod

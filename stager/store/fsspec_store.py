@@ -18,6 +18,7 @@ that becomes visible only when completed).
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -158,7 +159,7 @@ class FsspecStore(Store):
             name = self.fs._strip_protocol(name)
             if entry.get("type", "file") != "file" or not name.startswith(prefix):
                 continue
-            out.append(ObjectInfo(name[len(prefix):], int(entry.get("size") or 0), _mtime(entry)))
+            out.append(ObjectInfo(name[len(prefix):], int(entry.get("size") or 0), _mtime(entry), vouched_md5(entry)))
         out.sort(key=lambda o: o.path)
         return out
 
@@ -166,7 +167,7 @@ class FsspecStore(Store):
         entry = await self._run("info", self._full(path), what=path)
         if entry.get("type", "file") != "file":
             raise ShardNotFound(f"{path}: not an object (a {entry.get('type')})")
-        return ObjectInfo(path, int(entry.get("size") or 0), _mtime(entry))
+        return ObjectInfo(path, int(entry.get("size") or 0), _mtime(entry), vouched_md5(entry))
 
     async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
         full = self._full(path)
@@ -298,6 +299,33 @@ def _pwrite_at(path: str, offset: int, data: bytes) -> None:
             offset += n
     finally:
         os.close(fd)
+
+
+def vouched_md5(entry: Mapping[str, Any]) -> str | None:
+    """The MD5 (lowercase hex) of an object's bytes that its listing vouches for, or None.
+
+    S3's ETag is the MD5 only for a single-part object (a multipart ETag has a
+    ``-N`` suffix; 32 hex digits is the one shape taken); GCS lists ``md5Hash``
+    (base64; none for composite objects); Azure ``content_settings.content_md5``.
+    """
+    etag = entry.get("ETag") or entry.get("etag")
+    if isinstance(etag, str):
+        etag = etag.strip().strip('"').lower()
+        if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag):
+            return etag
+        return None
+    raw = entry.get("md5Hash")
+    if raw is None:
+        settings = entry.get("content_settings")
+        raw = settings.get("content_md5") if isinstance(settings, Mapping) else getattr(settings, "content_md5", None)
+    if isinstance(raw, str):
+        try:
+            raw = base64.b64decode(raw, validate=True)
+        except ValueError:
+            return None
+    if isinstance(raw, (bytes, bytearray)) and len(raw) == 16:
+        return bytes(raw).hex()
+    return None
 
 
 def _mtime(entry: Mapping[str, Any]) -> float | None:

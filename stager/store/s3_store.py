@@ -46,7 +46,7 @@ from ..config import RetryConfig
 from ..errors import AccessDenied, ConfigError, ShardNotFound, TransientOriginError
 from .bandwidth import BandwidthLimiter
 from .base import Check, ObjectInfo, RangeSink, Upload, run_check, validate_range
-from .fsspec_store import FsspecStore
+from .fsspec_store import FsspecStore, vouched_md5
 from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session, stream_range
 from .parts import PartLedger
 from . import sigv4
@@ -89,6 +89,14 @@ class S3Store(FsspecStore):
         self._signer: _Signer | None = None
         self._connect_lock = asyncio.Lock()
         self._models_loaded = False
+
+    @property
+    def endpoint(self) -> str:
+        """The S3 endpoint as the options or the ``AWS_ENDPOINT_URL*`` variables give it (AWS's own otherwise)."""
+        options = self._options
+        endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url") \
+            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return str(endpoint) if endpoint else "AWS's default endpoint"
 
     def _filesystem_class(self) -> type:
         try:
@@ -199,7 +207,8 @@ class S3Store(FsspecStore):
                         raise await error_from_response(resp, path)
                     if resp.content_length is None:
                         raise TransientOriginError(f"{path}: HEAD answer without Content-Length")
-                    return ObjectInfo(path, resp.content_length, last_modified(resp))
+                    return ObjectInfo(path, resp.content_length, last_modified(resp),
+                                      vouched_md5({"ETag": resp.headers.get("ETag")}))
 
         return await self.retry.run(attempt, what=path)
 
@@ -287,7 +296,8 @@ class S3Store(FsspecStore):
 
             out = await self.retry.run(page, what=what)
             found = [
-                ObjectInfo(entry["Key"][len(prefix):], int(entry.get("Size") or 0), _timestamp(entry))
+                ObjectInfo(entry["Key"][len(prefix):], int(entry.get("Size") or 0), _timestamp(entry),
+                           vouched_md5(entry))
                 for entry in out.get("Contents") or ()
                 if not entry["Key"].endswith("/") and len(entry["Key"]) > len(prefix)
             ]

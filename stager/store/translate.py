@@ -196,6 +196,35 @@ def origin_error(exc: BaseException, what: str) -> OriginError | None:
     return None
 
 
+def relocated(exc: OriginError, what: str, url: str, endpoint: str | None = None) -> OriginError:
+    """``exc`` again (same class), its message naming the whole ``url`` (and ``endpoint``) instead of ``what``.
+
+    Stores name objects by their path below the root; a message the user reads on its own
+    (the manifest could not be read) needs the URL and the server that refused it. Any
+    credentials in the endpoint are left out.
+    """
+    where = url + (f" (endpoint {_without_userinfo(endpoint)})" if endpoint else "")
+    text = str(exc)
+    if text.startswith(f"{what}: "):
+        text = text[len(what) + 2:]
+    text = text.replace(f"last error: {what}: ", "last error: ")
+    err = type(exc)(f"{where}: {text}")
+    for name, value in vars(exc).items():  # retry_after and the like
+        setattr(err, name, value)
+    return err
+
+
+def _without_userinfo(endpoint: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(endpoint)
+    if parts.username is None and parts.password is None:
+        return endpoint
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 @contextmanager
 def translated(what: str) -> Iterator[None]:
     """Re-raise known lower-library errors raised inside the block as stager errors."""

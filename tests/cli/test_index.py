@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from stager.manifest import MANIFEST_PATH, read_manifest_file
+from stager.manifest.seal import seal
 from stager.write import encode_shard
 from stager.testing.fault_plan import FaultPlan
 
@@ -82,6 +83,7 @@ def test_sigkill_leaves_no_manifest_or_the_previous_one(tmp_path, s3_bucket, fau
 
 BAD = {
     "traversal": "path is empty, absolute",
+    "backslash": "backslash",
     "duplicate": "duplicate path",
     "digest_count": "block digests",
     "truncated": "not a readable manifest",
@@ -105,6 +107,8 @@ def write_bad_manifest(root, kind, capsys):
     rows = table.to_pylist()
     if kind == "traversal":
         rows[0]["path"] = "../../etc/passwd"
+    elif kind == "backslash":
+        rows[0]["path"] = "sub\\part-1.bin"  # '--check' and 'stage' must judge it by one rule
     elif kind == "duplicate":
         rows[1]["path"] = rows[0]["path"]
     elif kind == "digest_count":
@@ -113,17 +117,21 @@ def write_bad_manifest(root, kind, capsys):
 
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema).replace_schema_metadata(meta), buf)
-    path.write_bytes(buf.getvalue())
+    # Sealed again (the metadata kept the digest entry, as written before sealing): bad entries
+    # under a good digest, as a buggy or hostile writer would leave them.
+    path.write_bytes(seal(buf.getvalue()))
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
 def test_bad_manifests_give_one_clear_line_and_non_zero_exit(kind, tmp_path, capsys):
     write_bad_manifest(tmp_path / "ds", kind, capsys)
     name = str(tmp_path / "ds" / MANIFEST_PATH)
-    result = run_here(["index", "--check", str(tmp_path / "ds")], capsys)
+    # A short retry budget: a manifest that does not parse is read again (it may have been cut in transit).
+    result = run_here(["index", "--check", str(tmp_path / "ds"), "--retry-deadline", "1"], capsys)
     assert_one_line_error(result, name, BAD[kind])
     # and every command that loads it refuses it the same way
-    staged = run_here(["stage", str(tmp_path / "ds"), "--cache", str(tmp_path / "cache"), "--capacity", "100MB"], capsys)
+    staged = run_here(["stage", str(tmp_path / "ds"), "--cache", str(tmp_path / "cache"), "--capacity", "100MB",
+                       "--retry-deadline", "1"], capsys)
     assert_one_line_error(staged, BAD[kind])
 
 
@@ -153,3 +161,59 @@ def test_token_metadata_of_each_shard_format(tmp_path, capsys, fmt):
     indexed = read_manifest_file(str(tmp_path / MANIFEST_PATH))
     assert [(e.path, e.digest, e.dtype, e.tokens) for e in indexed] == [(e.path, e.digest, e.dtype, e.tokens) for e in expected]
     assert [e.tokens for e in indexed] == [5000, 12345]
+
+
+def test_a_prefix_holding_nothing_fails_naming_it_unless_allow_empty(tmp_path, s3_bucket, capsys):
+    (s3_bucket.path / "real").mkdir()
+    (s3_bucket.path / "real" / "x.bin").write_bytes(b"\0\0")
+    url = f"{s3_bucket.url}/typo"
+    result = run(["index", url], env=s3_bucket.env())
+    assert_one_line_error(result, url, "no files", "--allow-empty")
+    assert not (s3_bucket.path / "typo").exists()  # nothing written
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "only.tmp").write_bytes(b"x")
+    assert_one_line_error(run_here(["index", str(empty), "--exclude", "*.tmp"], capsys), str(empty), "--exclude")
+    assert not (empty / MANIFEST_PATH).exists()
+    assert run_here(["index", str(empty), "--exclude", "*.tmp", "--allow-empty"], capsys).returncode == 0
+    assert len(read_manifest_file(str(empty / MANIFEST_PATH))) == 0
+
+
+def write_weights(root):
+    """A folder of model weights: .bin files that are not token shards, some of an odd size."""
+    rng = np.random.default_rng(3)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pytorch_model-00001.bin").write_bytes(rng.bytes(300_001))
+    (root / "pytorch_model-00002.bin").write_bytes(rng.bytes(120_000))
+    (root / "config.json").write_text("{}")
+
+
+def test_a_folder_of_weights_indexes_without_knowing_about_dtype(tmp_path):
+    write_weights(tmp_path / "w")
+    result = run(["index", str(tmp_path / "w")])
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "pytorch_model-00001.bin" in result.stdout + result.stderr  # named as not tokens
+    manifest = read_manifest_file(str(tmp_path / "w" / MANIFEST_PATH))
+    odd = manifest[manifest.index_of("pytorch_model-00001.bin")]
+    assert (odd.dtype, odd.tokens) == (None, None)
+    even = manifest[manifest.index_of("pytorch_model-00002.bin")]
+    assert (even.dtype, even.tokens) == ("uint16", 60_000)  # .bin has no header: whole uint16 is taken as tokens
+
+
+def test_an_explicit_dtype_that_does_not_fit_is_one_line_naming_the_file(tmp_path):
+    write_weights(tmp_path / "w")
+    result = run(["index", str(tmp_path / "w"), "--dtype", "uint16"])
+    assert_one_line_error(result, "pytorch_model-00001.bin", "uint16")
+    assert not (tmp_path / "w" / MANIFEST_PATH).exists()
+
+
+def test_index_of_a_remote_source_through_a_corrupting_origin_records_true_digests(tmp_path, s3_bucket, fault_proxy):
+    write_files(tmp_path / "local", count=4, seed=4)
+    shutil.copytree(tmp_path / "local", s3_bucket.path / "ds")
+    # 30% of GET bodies with one flipped byte, 5% cut short
+    proxy = fault_proxy(s3_bucket, FaultPlan(flip_p=0.30, truncate_p=0.025, reset_p=0.025), seed=9)
+    run(["index", f"{s3_bucket.url}/ds", "--block-size", "32KiB"], env=s3_bucket.env(proxy.url), check=True)
+    run(["index", str(tmp_path / "local"), "--block-size", "32KiB"], check=True)
+    assert comparable(s3_bucket.path / "ds" / MANIFEST_PATH) == comparable(tmp_path / "local" / MANIFEST_PATH)
+    assert proxy.faults.get("flip", 0) > 0, proxy.faults

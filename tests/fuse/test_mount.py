@@ -374,3 +374,41 @@ def test_a_mount_stages_through_the_node_daemon_when_one_serves_the_cache(origin
     finally:
         daemon.stop()
         remove_dir(sockets)
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    path.chmod(0o644)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, bytes([os.pread(fd, 1, offset)[0] ^ 0x40]), offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_byte_flipped_in_a_staged_blob_on_disk_is_never_served(http_origin, mount_factory):
+    files, manifest = make_dataset(http_origin.root / "corpus")
+    url = f"{http_origin.url}/corpus"
+    mount = mount_factory(url, start=False)
+    staged = subprocess.run([*STAGER, "stage", url, "--cache", str(mount.cache), "--capacity", "1GB", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert staged.returncode == 0, staged.stderr
+    name = "train/shard-000.bin"  # 8 blocks
+    with CacheTier(CacheConfig(mount.cache, capacity=1 << 30), reconcile=False) as cache:
+        blob = cache.complete_path(manifest.digest(manifest.index_of(name)))
+    offset = 3 * BLOCK + 777
+    _flip_byte(blob, offset)
+    assert blob.read_bytes() != files[name]
+    mount.start()
+
+    done = subprocess.run(["cmp", str(mount.path / name), str(http_origin.root / "corpus" / name)],
+                          capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 0, done.stdout + done.stderr  # the mount served the origin's bytes
+    with open(mount.path / name, "rb") as fh:  # a small read inside the bad block, again
+        assert os.pread(fh.fileno(), 10, offset - 5) == files[name][offset - 5:offset + 5]
+    assert "changed on disk" in mount.log_text()
+    for other in ("train/shard-001.bin", "one-block.bin"):  # the good blobs are served as they are
+        assert (mount.path / other).read_bytes() == files[other]
+    with CacheTier(CacheConfig(mount.cache, capacity=1 << 30), reconcile=False) as cache:
+        assert not cache.verify(repair=False).bad  # the bad copy was dropped: what the cache holds now is good

@@ -253,3 +253,74 @@ def test_a_periodic_log_line_reports_the_stats(corpus, tmp_path, caplog):
             list(it)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stager: waited")]
     assert lines and "bytes staged" in lines[-1] and "steps ready ahead" in lines[-1]
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    path.chmod(0o644)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, bytes([os.pread(fd, 1, offset)[0] ^ 0x01]), offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("fmt", ["bin", "npy", "parquet"])
+def test_a_byte_flipped_in_a_staged_blob_on_disk_never_reaches_a_sample(tmp_path, fmt):
+    manifest = write_counting_corpus(tmp_path / "data", LENGTHS, fmt=fmt)
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:  # stages every shard
+        assert sorted(firsts_of(it, 16)) == sorted(expected_firsts(manifest, 16))
+    victim = 5
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=1 << 30)) as cache:
+        blob = cache.complete_path(manifest.digest(victim))
+    origin = (tmp_path / "data" / manifest.paths[victim]).read_bytes()
+    # Inside the shard's first sample's tokens (past the .npy header; anywhere in a parquet page).
+    offset = len(origin) // 2 if fmt == "parquet" else len(origin) - 4 * int(manifest.tokens[victim]) + 4 * 3
+    _flip_byte(blob, offset)
+    assert blob.read_bytes() != origin
+
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:
+        first = firsts_of(it, 16)  # every sample checked against the origin's counting tokens
+        stats = it.stats()
+    assert sorted(first) == sorted(expected_firsts(manifest, 16))
+    assert stats["corrupt_blobs"] == 1 and stats["read_checks_failed"] == 1
+    assert stats["read_checks_files"] + stats["read_checks_resident"] == len(manifest)  # each taken once
+    assert blob.read_bytes() == origin  # dropped and fetched again
+
+
+def test_verify_reads_off_trusts_the_disk(tmp_path):
+    manifest = write_counting_corpus(tmp_path / "data", LENGTHS)
+    with iterator(tmp_path / "data", tmp_path / "cache", verify_reads="off") as it:
+        assert sorted(firsts_of(it, 16)) == sorted(expected_firsts(manifest, 16))
+        assert it.stats()["read_checks_files"] == it.stats()["read_checks_resident"] == 0
+    with pytest.raises(ConfigError, match="verify_reads"):
+        iterator(tmp_path / "data", tmp_path / "cache", verify_reads="sometimes")
+
+
+def test_rot_under_an_unchanged_mtime_is_caught_once_the_pages_come_from_the_disk(tmp_path):
+    # Disk rot changes the bytes on the medium, not the file's metadata, and reaches a reader only
+    # through a read from the disk: flip a byte, put the mtime back, drop the file's pages.
+    manifest = write_counting_corpus(tmp_path / "data", LENGTHS)
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:
+        assert sorted(firsts_of(it, 16)) == sorted(expected_firsts(manifest, 16))
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:  # warm: in the page cache, as committed
+        firsts_of(it, 16)
+        warm = it.stats()
+    assert warm["read_checks_resident"] == len(manifest) and warm["read_checks_files"] == 0
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=1 << 30)) as cache:
+        blob = cache.complete_path(manifest.digest(7))
+    origin = (tmp_path / "data" / manifest.paths[7]).read_bytes()
+    st = blob.stat()
+    _flip_byte(blob, 4 * 2)
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fd = os.open(blob, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    with iterator(tmp_path / "data", tmp_path / "cache") as it:
+        first = firsts_of(it, 16)
+        stats = it.stats()
+    assert sorted(first) == sorted(expected_firsts(manifest, 16))
+    assert stats["corrupt_blobs"] == 1 and stats["read_checks_failed"] == 1
+    assert blob.read_bytes() == origin

@@ -6,7 +6,8 @@ from stager.manifest import Manifest, ShardEntry
 
 
 def manifest(tokens):
-    entries = [ShardEntry(f"s{i:03d}.bin", max(t, 0) * 2, f"{i:032x}", (1,) if t > 0 else (),
+    # A non-token entry is no .bin file: a .bin without tokens is refused (see the last test).
+    entries = [ShardEntry(f"s{i:03d}.bin" if t >= 0 else f"s{i:03d}.txt", max(t, 0) * 2, f"{i:032x}", (1,) if t > 0 else (),
                           "uint16" if t >= 0 else None, t if t >= 0 else None) for i, t in enumerate(tokens)]
     return Manifest.from_entries(entries, block_size=1 << 20)
 
@@ -44,3 +45,12 @@ def test_fingerprint_follows_data_and_spec():
     assert a != SampleIndex(m, SampleSpec(11)).fingerprint
     assert a != SampleIndex(m, SampleSpec(10, True)).fingerprint
     assert a != SampleIndex(manifest([100, 210]), SampleSpec(10)).fingerprint
+
+
+def test_bin_files_that_are_not_token_shards_are_refused_by_name():
+    entries = [ShardEntry("a.bin", 20, f"{1:032x}", (1,), "uint16", 10),
+               ShardEntry("weights.bin", 21, f"{2:032x}", (1,), None, None),
+               ShardEntry("notes.txt", 5, f"{3:032x}", (1,), None, None)]
+    m = Manifest.from_entries(entries, block_size=1 << 20)
+    with pytest.raises(ConfigError, match=r"weights\.bin.*not a token shard"):
+        SampleIndex(m, SampleSpec(5), "ds")

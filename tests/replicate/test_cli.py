@@ -75,7 +75,26 @@ def test_bad_input_is_one_clear_line(clusters, tmp_path, capsys):
     for args, fragment in cases:
         code, err = in_process(args, capsys)
         lines = [line for line in err.splitlines() if line.strip()]
-        assert code == 1 and len(lines) == 1 and lines[0].startswith("stager: error: "), (args, err)
+        usage = "4/4" in args  # a bad value of an option is a usage error: exit 2, as for any bad flag
+        assert code == (2 if usage else 1) and len(lines) == 1 and lines[0].startswith("stager: error: "), (args, err)
         assert fragment in lines[0], lines[0]
     # And once as a real process: the same line, no traceback.
     assert_one_line_error(run(["replicate", *src, "https://example.com/x"]), "read-only")
+
+
+def test_replicate_and_index_read_bin_files_alike(clusters, tmp_path):
+    from stager.manifest import MANIFEST_PATH, read_manifest_file
+
+    a, b = clusters
+    src = a.root / "plain"
+    src.mkdir(parents=True)
+    (src / "tokens.bin").write_bytes(bytes(range(200)) * 10)  # 1,000 uint16 tokens
+    (src / "odd.bin").write_bytes(b"x" * 7)
+    done = run(["replicate", a.url("plain"), b.url("copy"), "--state-dir", str(tmp_path / "st"),
+                *flags("-s", a.options()), *flags("-d", b.options())], check=True)
+    assert "manifest written" in done.stdout
+    replica = read_manifest_file(str(b.root / "copy" / MANIFEST_PATH))
+    run(["index", str(b.root / "copy")], check=True)  # what `stager index` makes of the same files
+    indexed = read_manifest_file(str(b.root / "copy" / MANIFEST_PATH))
+    assert [(e.path, e.dtype, e.tokens) for e in replica] == [(e.path, e.dtype, e.tokens) for e in indexed]
+    assert replica[replica.index_of("tokens.bin")].tokens == 1000

@@ -229,3 +229,25 @@ async def test_advances_in_a_burst_are_folded_into_few_requests(node):
     assert 1 <= len(sent) <= 3 and sent[-1] == 200, sent
     (registered,) = daemon.registry.plans()
     assert registered.plan.cursor == 200
+
+
+async def test_a_block_that_changed_on_the_cache_disk_is_fetched_again_not_served(node):
+    # The mount (or any consumer) reads single blocks of shared cache files through the session.
+    await node.start()
+    session = node.session()
+    dataset = await session.open_dataset(SourceConfig(node.proxy.url))
+    plan = await session.plan(dataset, [3])
+    path = await plan.ready(0)
+    m = node.corpus.manifest
+    offset = m.block_size + 9  # inside block 1
+    path.chmod(0o644)
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0x08]))
+    original = _original(node, 3)
+    assert await session.read_block(dataset, 3, 1) == original[m.block_size:2 * m.block_size]
+    with CacheTier(node.cache, reconcile=False) as cache:  # the bad copy is gone; what is there is good
+        assert not cache.verify(repair=False).bad
+    await session.close()

@@ -85,3 +85,27 @@ def test_part_ledger_rejects_large_parts_gaps_and_short_middles():
 def test_part_ledger_rejects_bad_part_size():
     with pytest.raises(ValueError):
         PartLedger("x", 0)
+
+
+@pytest.mark.parametrize("path", ["a/b.bin", "a\\b.bin", "a/./b", "../x", "/abs", "a//b", "a/", "", "tab\there",
+                                  "ok name.bin", "a/..b", "..b/c"])
+def test_stores_and_manifests_judge_a_path_by_one_rule(path):
+    import pyarrow as pa
+
+    from stager.errors import ManifestError
+    from stager.manifest.validate import validate_table
+
+    try:
+        validate_path(path)
+        store_ok = True
+    except InvalidPath:
+        store_ok = False
+    table = pa.table({"path": [path], "size": [0], "digest": [b"\0" * 16], "blocks": pa.array([[]], pa.list_(pa.uint64())),
+                      "dtype": pa.array([None], pa.string()), "tokens": pa.array([None], pa.int64())})
+    try:
+        validate_table(table, 4096, "m")
+        manifest_ok = True
+    except ManifestError:
+        manifest_ok = False
+    assert store_ok == manifest_ok
+    assert store_ok == (path in ("a/b.bin", "ok name.bin", "a/..b", "..b/c"))

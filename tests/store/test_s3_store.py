@@ -192,3 +192,30 @@ def test_reading_with_settings_given_outright_loads_no_botocore(s3_bucket, tmp_p
                             env={**env, **s3_bucket.env(), "AWS_CONFIG_FILE": str(tmp_path / "absent")})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+async def test_listing_scan_and_head_give_the_md5_the_origin_vouches_for(s3_bucket):
+    import hashlib
+
+    data = os.urandom(70_000)
+    (s3_bucket.path / "ds").mkdir()
+    (s3_bucket.path / "ds" / "a.bin").write_bytes(data)
+    md5 = hashlib.md5(data).hexdigest()
+    async with open_store(SourceConfig(f"{s3_bucket.url}/ds", s3_bucket.storage_options())) as store:
+        assert [o.md5 for o in await store.list()] == [md5]
+        assert [o.md5 async for page in store.scan() for o in page] == [md5]
+        assert (await store.info("a.bin")).md5 == md5
+
+
+def test_only_an_md5_shaped_etag_or_checksum_vouches_for_the_bytes():
+    import base64
+
+    from stager.store.fsspec_store import vouched_md5
+
+    md5 = "0123456789abcdef0123456789abcdef"
+    assert vouched_md5({"ETag": f'"{md5.upper()}"'}) == md5  # S3 single-part
+    assert vouched_md5({"ETag": f'"{md5}-3"'}) is None  # multipart: not an MD5 of the bytes
+    assert vouched_md5({"ETag": ""}) is None and vouched_md5({}) is None
+    assert vouched_md5({"md5Hash": base64.b64encode(bytes.fromhex(md5)).decode()}) == md5  # GCS
+    assert vouched_md5({"md5Hash": "not base64!"}) is None
+    assert vouched_md5({"content_settings": {"content_md5": bytearray.fromhex(md5)}}) == md5  # Azure

@@ -16,6 +16,9 @@ pytest.importorskip("torchdata")
 from torch.utils.data import DataLoader  # noqa: E402
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
+from stager.errors import ConfigError  # noqa: E402
+from stager.torch import StatefulDataLoader as StagerLoader  # noqa: E402
+from stager.torch import reshaped_loader_state  # noqa: E402
 from tests.iterator.corpus import check_sample, expected_firsts, write_counting_corpus  # noqa: E402
 from tests.torch.loader_worker import BATCH, loader, make  # noqa: E402
 
@@ -103,6 +106,90 @@ def test_resume_at_world_size_three_from_a_loader_state_saved_at_two(corpus, tmp
         for batch in StatefulDataLoader(ds, batch_size=BATCH, num_workers=1):
             seen += firsts(batch)
     assert sorted(seen) == sorted(expected_firsts(manifest, 16))
+
+
+def test_resume_at_world_size_three_through_each_new_loaders_load_state_dict(corpus, tmp_path):
+    data, manifest = corpus
+    cache = str(tmp_path / "cache")
+    seen, states = [], []
+    for rank in range(2):  # each rank of the old job takes 5 steps, with 2 workers each
+        dl = loader(make(str(data), cache, rank=rank, world_size=2))
+        for step, batch in enumerate(dl):
+            seen += firsts(batch)
+            if step == 4:
+                break
+        states.append(dl.state_dict())
+        del dl
+    for rank in range(3):  # the new job: 3 ranks, the same 2 workers, the standard call with rank 0's state
+        dl = loader(make(str(data), cache, rank=rank, world_size=3))
+        dl.load_state_dict(states[0])
+        for batch in dl:
+            seen += firsts(batch)
+    assert sorted(seen) == sorted(expected_firsts(manifest, 16))
+
+
+def test_world_two_to_three_and_two_workers_to_none_through_stagers_loader(corpus, tmp_path):
+    data, manifest = corpus
+    cache = str(tmp_path / "cache")
+    seen, states = [], []
+    for rank in range(2):  # each rank of the old job takes 5 steps, with 2 workers each
+        dl = loader(make(str(data), cache, rank=rank, world_size=2))
+        for step, batch in enumerate(dl):
+            seen += firsts(batch)
+            if step == 4:
+                break
+        states.append(dl.state_dict())
+        del dl
+    for rank in range(3):  # the new job: 3 ranks without workers, the standard call with rank 0's state
+        dl = StagerLoader(make(str(data), cache, rank=rank, world_size=3), batch_size=BATCH, num_workers=0)
+        dl.load_state_dict(states[0])
+        for batch in dl:
+            seen += firsts(batch)
+    assert sorted(seen) == sorted(expected_firsts(manifest, 16))
+
+
+def test_a_state_saved_after_a_reshaped_resume_resumes_again_at_yet_another_worker_count(corpus, tmp_path):
+    data, manifest = corpus
+    cache = str(tmp_path / "cache")
+    seen, state = [], None
+    for workers in (2, 1, 3, 0):  # each job takes 3 steps (the last reads the rest), then the next resumes
+        dl = StagerLoader(make(str(data), cache), batch_size=BATCH, num_workers=workers)
+        if state is not None:
+            dl.load_state_dict(state)
+        for step, batch in enumerate(dl):
+            seen += firsts(batch)
+            if step == 2 and workers:
+                break
+        state = dl.state_dict()
+        del dl
+    assert sorted(seen) == sorted(expected_firsts(manifest, 16))
+
+
+def test_stagers_loader_passes_a_state_of_the_same_dealing_or_of_another_dataset_through_untouched(corpus,
+                                                                                                   tmp_path):
+    data, _ = corpus
+    ds = make(str(data), str(tmp_path / "cache"))
+    dl = StagerLoader(ds, batch_size=BATCH, num_workers=0)
+    for step, _batch in enumerate(dl):
+        if step == 2:
+            break
+    state = dl.state_dict()
+    assert reshaped_loader_state(state, ds, 0) is state
+    assert reshaped_loader_state(state, list(range(8)), 2) is state  # not a TokenDataset: torchdata's business
+    assert reshaped_loader_state({}, ds, 2) == {}
+
+
+@pytest.mark.parametrize("drop", ["_num_yielded", "_shared_seed"])
+def test_stagers_loader_refuses_a_state_of_an_unknown_shape_in_one_line(corpus, tmp_path, drop):
+    data, _ = corpus
+    ds = make(str(data), str(tmp_path / "cache"))
+    dl = StagerLoader(ds, batch_size=BATCH, num_workers=0)
+    for step, _batch in enumerate(dl):
+        if step == 2:
+            break
+    state = {k: v for k, v in dl.state_dict().items() if k != drop}  # as another torchdata version might name it
+    with pytest.raises(ConfigError, match=f"not shaped like a torchdata StatefulDataLoader state.*{drop}"):
+        StagerLoader(ds, batch_size=BATCH, num_workers=2).load_state_dict(state)
 
 
 def test_batched_mode_and_len(corpus, tmp_path):

@@ -8,8 +8,9 @@ suffix      reader                               tokens as
 .parquet    :class:`~.parquet.ParquetReader`     Arrow buffers of the token list column
 ==========  ===================================  =====================================
 
-Readers only ever get the path of a complete, verified cache file (what a
-plan's ``ready`` returns), never a partial one. A new format is a new module
+Readers only ever get a complete cache file (what a plan's ``ready``
+returns), never a partial one, as the memory map the iterator checked against
+the blob's digest before handing it over (:mod:`stager.cache.reader`). A new format is a new module
 with a :class:`ShardReader` and a line in :func:`reader_for`.
 """
 

@@ -1,4 +1,4 @@
-"""The reader interface: a verified cache file in, its tokens as one flat array out."""
+"""The reader interface: a verified cache file (mapped) in, its tokens as one flat array out."""
 
 from __future__ import annotations
 
@@ -8,26 +8,56 @@ from pathlib import Path
 
 import numpy as np
 
+from ...cache.reader import prefer_large_pages
 from ...errors import CorruptData
+
+#: What a reader opens: the bytes of a whole shard file (a read-only memory map the iterator checked),
+#: or a path, mapped here unchecked.
+Source = Path | memoryview | bytes
+
+
+def map_file(path: Path, name: str) -> memoryview | bytes:
+    """A read-only memory map of ``path`` (empty files map to ``b""``), not checked against any digest.
+
+    Raises:
+        CorruptData: the file cannot be opened (names the shard).
+    """
+    try:
+        with open(path, "rb") as fh:
+            if fh.seek(0, 2) == 0:
+                return b""
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            prefer_large_pages(mapped)
+            return memoryview(mapped)
+    except OSError as exc:
+        raise CorruptData(f"{name}: cannot map the cached shard {path}: {exc.strerror}") from exc
+
+
+def as_buffer(source: Source, name: str) -> memoryview | bytes:
+    """The bytes of ``source``: a buffer as it is, a path memory-mapped."""
+    if isinstance(source, (memoryview, bytes)):
+        return source
+    return map_file(Path(source), name)
 
 
 class ShardReader(abc.ABC):
     """Opens the tokens of one shard format.
 
-    ``open`` gets the path of a complete, verified cache file and what the
-    manifest says of it; it returns a 1-D array of every token of the shard,
-    zero-copy where the format allows (a read-only memory map), and checks
-    that the file holds what the manifest promised.
+    ``open`` gets the bytes of a complete, verified cache file (the
+    iterator's checked memory map of it, see :mod:`stager.cache.reader`; or
+    a path) and what the manifest says of it; it returns a 1-D array of every
+    token of the shard, zero-copy where the format allows (views of the
+    map), and checks that the file holds what the manifest promised.
     """
 
     suffixes: tuple[str, ...] = ()
 
     @abc.abstractmethod
-    def open(self, path: Path, name: str, dtype: str | None, tokens: int) -> np.ndarray:
+    def open(self, source: Source, name: str, dtype: str | None, tokens: int) -> np.ndarray:
         """The shard's tokens.
 
         Args:
-            path: the verified cache file.
+            source: the verified cache file's bytes (a read-only map), or its path.
             name: the shard's path in the dataset (for error messages).
             dtype: the token dtype the manifest records (None if it records none).
             tokens: the token count the manifest records.
@@ -48,21 +78,4 @@ def check_tokens(array: np.ndarray, name: str, dtype: str | None, tokens: int) -
     return array
 
 
-def prefer_large_pages(mapped: "mmap.mmap | None") -> None:
-    """Let page faults on this map bring the file into the page cache in huge pages.
-
-    The cache may write blobs past the page cache (``O_DIRECT``), so the first
-    reader of a blob brings it in, through this map's page faults. Brought in
-    that way it lands in small pages, and every later process mapping the file
-    slices samples out of it up to 1.5x slower (measured) than out of a file
-    brought in by a read or a write. With ``MADV_HUGEPAGE`` the faults read
-    ahead in 2 MiB pages instead. Where the kernel declines (no transparent
-    huge pages), nothing changes.
-    """
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if mapped is None or advice is None:
-        return
-    try:
-        mapped.madvise(advice)
-    except (OSError, ValueError):
-        pass
+__all__ = ["ShardReader", "Source", "as_buffer", "check_tokens", "map_file", "prefer_large_pages"]

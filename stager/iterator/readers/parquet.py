@@ -1,21 +1,19 @@
 """Parquet token files: a list column of token ids (``tokens`` by default), one row per document.
 
-The file is opened memory-mapped and only the token column is read; the
-flattened list values of each row group are Arrow buffers viewed by NumPy
+The file's memory map is read as an Arrow buffer and only the token column
+is decoded; the flattened list values of each row group are Arrow buffers viewed by NumPy
 without a copy. Parquet pages are compressed, so decoding produces those
 buffers once per open; several row groups are joined into one array.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import CorruptData
-from .base import ShardReader, check_tokens
+from .base import ShardReader, Source, as_buffer, check_tokens
 
 
 class ParquetReader(ShardReader):
@@ -24,9 +22,9 @@ class ParquetReader(ShardReader):
     def __init__(self, column: str = "tokens") -> None:
         self.column = column
 
-    def open(self, path: Path, name: str, dtype: str | None, tokens: int) -> np.ndarray:
+    def open(self, source: Source, name: str, dtype: str | None, tokens: int) -> np.ndarray:
         try:
-            table = pq.read_table(path, columns=[self.column], memory_map=True)
+            table = pq.read_table(pa.BufferReader(pa.py_buffer(as_buffer(source, name))), columns=[self.column])
         except (pa.ArrowException, OSError, KeyError) as exc:
             raise CorruptData(f"{name}: cannot read column {self.column!r}: {exc}") from exc
         column = table.column(self.column)
