@@ -16,7 +16,14 @@ Every tool first runs once untimed; with ``--rounds N`` every tool then runs
 N times per phase, each round starting with a different tool, and the run of
 median wall time is reported.
 
-Run: ``make bench && .venv/bin/python benchmarks/stage.py [--gib 1] [--shard-mib 32] [--rounds 3]``
+With ``--grid``, instead: the origin-profile grid (stager.testing.profiles),
+one proxy per profile in front of the same server, in one run: loopback; 40 ms
++ 8 MB/s per connection; 100 ms + 2 MB/s per connection; SlowDown above 300
+requests/s. At each, stager with its defaults beside s5cmd (defaults and
+tuned) and rclone (tuned), every copy verified, and each tool's ratio to the
+best verified peer.
+
+Run: ``make bench && .venv/bin/python benchmarks/stage.py [--gib 1] [--shard-mib 32] [--rounds 3] [--grid]``
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from harness import Run, machine, median_run, precompile_stager, s5cmd_binary, t
 
 from stager.cache import BlobState, CacheTier  # noqa: E402
 from stager.config import CacheConfig  # noqa: E402
-from stager.testing import FaultPlan, FaultProxy, S3Server  # noqa: E402
+from stager.testing import PROFILES, FaultPlan, FaultProxy, S3Server, object_store_plan  # noqa: E402
 from stager.write import generate_corpus  # noqa: E402
 
 FAULTS = FaultPlan(slowdown_p=0.03, error500_p=0.02, reset_p=0.02, truncate_p=0.02, flip_p=0.02,
@@ -148,12 +155,88 @@ def report(title: str, results: list[tuple[Run, bool]], nbytes: int, baseline: d
     return {run.name: run.seconds for run, _ in results}
 
 
+def grid_commands(endpoint: str, server: S3Server, work: Path, manifest) -> list[tuple[str, list[str], Path]]:
+    """The grid's tools: stager and s5cmd with their defaults, s5cmd and rclone tuned."""
+    out = [("stager stage (defaults)", [sys.executable, "-m", "stager", "stage", "s3://bench/corpus", "--cache",
+                                        str(work / "grid-stager"), "--capacity", str(manifest.total_bytes * 2),
+                                        "--json"], work / "grid-stager")]
+    s5 = s5cmd_binary()
+    if s5:
+        out.append(("s5cmd (defaults)", [s5, "--endpoint-url", endpoint, "cp", "s3://bench/corpus/*",
+                                         f"{work / 'grid-s5-defaults'}/"], work / "grid-s5-defaults"))
+        out.append(("s5cmd (tuned)", [s5, "--endpoint-url", endpoint, "--numworkers", "32", "cp", "--concurrency",
+                                      "4", "--part-size", "8", "s3://bench/corpus/*", f"{work / 'grid-s5-tuned'}/"],
+                    work / "grid-s5-tuned"))
+    rclone = tool("rclone")
+    if rclone:
+        dest = work / "grid-rclone"
+        out.append(("rclone (tuned)", [rclone, "copy", ":s3:bench/corpus", str(dest), "--s3-provider", "Other",
+                                       "--s3-endpoint", endpoint, "--s3-access-key-id", server.access_key,
+                                       "--s3-secret-access-key", server.secret_key, "--transfers", "16",
+                                       "--multi-thread-streams", "4", "--exclude", ".stager/**"], dest))
+    return out
+
+
+def grid(server: S3Server, work: Path, manifest, rounds: int) -> None:
+    """Every tool at every origin profile; a table per profile and one of stager's ratios to the best peer."""
+    nbytes = manifest.total_bytes
+    summary = []
+    for name, (description, _) in PROFILES.items():
+        plan = object_store_plan(name)
+        with FaultProxy(server.endpoint_url, plan, seed=5, credentials=server.credentials) as proxy:
+            # loopback goes straight to the server: the proxy is Python on the same cores, a ceiling of its own
+            endpoint = proxy.url if plan != object_store_plan("loopback") else server.endpoint_url
+            tools = grid_commands(endpoint, server, work, manifest)
+            env = server.env(endpoint)
+            per_round: list[list[tuple[Run, bool]]] = []
+            for r in range(rounds):
+                results: dict[str, tuple[Run, bool]] = {}
+                for i in range(len(tools)):
+                    tool_name, argv, dest = tools[(r + i) % len(tools)]
+                    run = timed(tool_name, argv, env, flush=True)
+                    check = verify_cache if tool_name.startswith("stager") else verify_folder
+                    results[tool_name] = (run, run.returncode == 0 and check(dest, manifest))
+                    shutil.rmtree(dest, ignore_errors=True)
+                per_round.append([results[t] for t, _, _ in tools])
+            results_median = medians(per_round)
+            faults = proxy.faults
+        peers = [run.seconds for run, ok in results_median if ok and not run.name.startswith("stager")]
+        best = min(peers, default=None)
+        rows = []
+        for run, ok in results_median:
+            ratio = f"{best / run.seconds:.2f}x" if best and ok else "-"
+            rows.append([run.name, f"{run.seconds:.2f}", f"{nbytes / 1e6 / run.seconds:.0f}",
+                         f"{run.cpu_seconds:.1f}", f"{run.peak_rss_mb:.0f}", "yes" if ok else f"NO (exit {run.returncode})",
+                         ratio])
+            if run.name.startswith("stager"):
+                summary.append([name, description, f"{run.seconds:.2f}", f"{best:.2f}" if best else "-", ratio,
+                                f"{run.peak_rss_mb:.0f}", "yes" if ok else "NO"])
+                _stager_account(run)
+        print(f"\n## profile {name}: {description}\n")
+        print(table(rows, ["tool", "wall s", "MB/s", "CPU s", "peak RSS MB", "verifies", "speed vs best peer"]))
+        if faults:
+            print(f"\nproxy answers: {json.dumps(faults)}")
+    print("\n## stager defaults vs the best peer, per profile\n")
+    print(table(summary, ["profile", "origin", "stager s", "best peer s", "ratio", "stager peak RSS MB",
+                          "verifies"]))
+
+
+def _stager_account(run: Run) -> None:
+    try:
+        summary = json.loads(run.stdout.strip().splitlines()[-1])
+        print(f"stager's own account: {summary['seconds']:.2f} s staging after start-up, "
+              f"{summary['retries']} retries, adaptive limit up to {summary.get('concurrency_peak', '?')} requests in flight")
+    except (ValueError, IndexError, KeyError):
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=1.0, help="dataset size in GiB")
     parser.add_argument("--shard-mib", type=int, default=32, help="shard size in MiB")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tool per phase; the median is reported")
+    parser.add_argument("--grid", action="store_true", help="run the origin-profile grid instead of the phases")
     args = parser.parse_args()
     precompile_stager()
     work = Path(args.work or tempfile.mkdtemp(prefix="stager-bench-"))
@@ -161,12 +244,15 @@ def main() -> None:
     print(f"# stage benchmark: {shards} shards x {args.shard_mib} MiB from rclone serve s3 on loopback")
     print(f"machine: {machine()}")
     print(f"reproduce: .venv/bin/python benchmarks/stage.py --gib {args.gib} --shard-mib {args.shard_mib} "
-          f"--rounds {args.rounds}")
+          f"--rounds {args.rounds}" + (" --grid" if args.grid else ""))
     manifest = generate_corpus(work / "s3" / "bench" / "corpus", shards=shards,
                                tokens_per_shard=args.shard_mib << 19, jitter=0.0, seed=1)
     nbytes = manifest.total_bytes
     server = S3Server(work / "s3", etag_hash="")
     try:
+        if args.grid:
+            grid(server, work, manifest, args.rounds)
+            return
         runs(server.endpoint_url, server, work, manifest, "warm-up", 0)  # untimed: see runs()
         clean = medians([runs(server.endpoint_url, server, work, manifest, "clean", r) for r in range(args.rounds)])
         baseline = report("clean origin", clean, nbytes, None)

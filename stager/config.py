@@ -230,7 +230,9 @@ class RetryConfig:
 class FetchConfig:
     """How the engine fetches: concurrency, window, hedging, bandwidth."""
 
-    concurrency: int = 16  # block requests in flight
+    # The most block requests in flight: the ceiling of the adaptive limit (engine/concurrency.py),
+    # which starts at 16 and follows the origin; memory bounds it further (requests x their buffers).
+    concurrency: int = 256
     request_bytes: int = 8 * MiB  # the most one ranged GET asks for: consecutive wanted blocks share a request
     window_bytes: int = 2 * GiB  # how far ahead of each consumer's cursor to stage
     bandwidth: int | None = None  # bytes per second, None = unlimited

@@ -51,7 +51,10 @@ def fetch_flags(fn: Callable) -> Callable:
                       help="Cap on origin bandwidth in bytes per second, e.g. 200MB/s or 1GiB/s (a bare number is "
                            "bytes/s); 'unlimited' or unset: no cap. 0 is refused.")(fn)
     fn = click.option("--concurrency", type=click.IntRange(1, 4096), default=FetchConfig().concurrency,
-                      envvar="STAGER_CONCURRENCY", show_default=True, help="Block requests in flight (1..4096).")(fn)
+                      envvar="STAGER_CONCURRENCY", show_default=True,
+                      help="The most block requests in flight (1..4096): the number in flight starts at 16 and "
+                           "follows the origin (more while throughput grows, fewer on SlowDown or rising latency) "
+                           "up to this.")(fn)
     return fn
 
 

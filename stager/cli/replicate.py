@@ -82,8 +82,9 @@ def _side(url: str, profile: str | None, pairs: tuple[str, ...], side: str) -> S
                    "the variable; default: _SUCCESS, COMPLETE, commit_success.txt, .metadata).")
 @click.option("--idle-exit", type=SecondsType(0, allow_minimum=True), default=None, envvar="STAGER_IDLE_EXIT",
               help="--watch: stop after this many seconds without a new complete file (default: never).")
-@click.option("--concurrency", type=click.IntRange(1, 4096), default=32, envvar="STAGER_CONCURRENCY",
-              show_default=True, help="Requests in flight per side.")
+@click.option("--concurrency", type=click.IntRange(1, 4096), default=256, envvar="STAGER_CONCURRENCY",
+              show_default=True, help="The most requests in flight per side: the number in flight starts at 16 "
+                                      "and follows each side (more while throughput grows, fewer on SlowDown).")
 @click.option("--part-size", type=SizeType(minimum=1, maximum=MAX_PART_SIZE), default=DEFAULT_PART_SIZE,
               show_default="16MiB", envvar="STAGER_PART_SIZE",
               help="Multipart part size for large objects (whole manifest blocks, at least 5MiB; at most 5GiB).")

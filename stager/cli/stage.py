@@ -129,8 +129,10 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
             async def describe_retries() -> None:
                 while True:
                     await asyncio.sleep(1.0)
-                    now = _delta(before, await _counters(session))
-                    progress.describe(f"{count} files, {now['retries']} retries"
+                    counters = await _counters(session)
+                    now = _delta(before, counters)
+                    progress.describe(f"{count} files, {counters['in_flight']} requests in flight "
+                                      f"(limit {counters['concurrency']}), {now['retries']} retries"
                                       + (f", {len(failures)} failed" if failures else ""))
 
             ticker = asyncio.create_task(describe_retries())
@@ -143,7 +145,8 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
                 ticker.cancel()
                 await plan.close()
         seconds = time.monotonic() - began
-        done = _delta(before, await _counters(session))
+        after = await _counters(session)
+        done = _delta(before, after)
         if done["mode"] == "daemon":
             # The daemon's byte counter covers every consumer of the node: count what this run brought in.
             # (Its retry, hedge and corrupt-block counts over the run are node-wide too.)
@@ -157,6 +160,7 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
             "retries": done["retries"],
             "hedged": done["hedged"],
             "verify_failures": done["verify_failures"],
+            "concurrency_peak": after["concurrency_peak"],  # the adaptive limit's highest (node-wide with a daemon)
             "failed": len(failures),
             "first_error": str(failures[0]) if failures else None,
             "seconds": round(seconds, 3),
@@ -197,13 +201,17 @@ async def _counters(session: Session) -> dict[str, Any]:
             status = await session.daemon_status()
             e, o = status["engine"], status["origin"]
             return {"mode": "daemon", "fetched": int(e["bytes_fetched"]), "retries": int(o["retries"]),
-                    "hedged": int(e["hedged_requests"]), "verify_failures": int(e["verify_failures"])}
+                    "hedged": int(e["hedged_requests"]), "verify_failures": int(e["verify_failures"]),
+                    "in_flight": int(e.get("requests_in_flight", 0)), "concurrency": int(e.get("concurrency", 0)),
+                    "concurrency_peak": int(e.get("concurrency_peak", 0))}
         except StagerError:
             pass
     stats = session.stats()
     return {"mode": "embedded", "fetched": int(stats.get("bytes_fetched", 0)),
             "retries": int(stats.get("origin_retries", 0)), "hedged": int(stats.get("hedged_requests", 0)),
-            "verify_failures": int(stats.get("verify_failures", 0))}
+            "verify_failures": int(stats.get("verify_failures", 0)),
+            "in_flight": int(stats.get("requests_in_flight", 0)), "concurrency": int(stats.get("concurrency", 0)),
+            "concurrency_peak": int(stats.get("concurrency_peak", 0))}
 
 
 def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -80,6 +80,9 @@ def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, soc
         report: dict[str, Any] = {"cache": directory, **usage, "datasets": datasets}
         if daemon is not None:
             report["daemon"] = {**daemon["daemon"], "plans": daemon["plans"]}
+            report["daemon"]["fetch"] = {k: v for k, v in (daemon.get("engine") or {}).items()
+                                         if k in ("concurrency", "concurrency_peak", "concurrency_ceiling",
+                                                  "requests_in_flight", "throughput_bps", "throttle_backoffs")}
         click.echo(json.dumps(report, sort_keys=True))
         return
     click.echo(f"cache {directory}: {_size(usage['used'])} used of {_size(usage['capacity'])} "
@@ -88,6 +91,11 @@ def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, soc
         d = daemon["daemon"]
         click.echo(f"daemon pid {d['pid']} on {d['socket']}, up {d['uptime']:.0f}s: {d['consumers']} consumer(s), "
                    f"{len(daemon['plans'])} plan(s)")
+        e = daemon.get("engine") or {}
+        if "concurrency" in e:  # the adaptive limit and what it achieves (engine/concurrency.py)
+            click.echo(f"fetching: {int(e['requests_in_flight'])} requests in flight, limit {int(e['concurrency'])} "
+                       f"(peak {int(e['concurrency_peak'])}, ceiling {int(e['concurrency_ceiling'])}), "
+                       f"{e['throughput_bps'] / 1e6:,.1f} MB/s, {int(e['throttle_backoffs'])} SlowDown back-offs")
     table = Table("dataset", "shards", "size", "complete", "partial", "staged")
     for d in datasets:
         share = d["complete_bytes"] / d["bytes"] if d["bytes"] else 1.0

@@ -98,6 +98,16 @@ class _SnapshotCollector(Collector):
         yield counter("consumer_waits", "Times a consumer asked for a blob not yet in the cache.",
                       e["consumer_waits"])
         yield counter("cache_full_waits", "Prefetches that waited for room in the cache.", e["cache_full_waits"])
+        if "concurrency" in e:  # the adaptive limit (engine/concurrency.py) and what it achieves
+            yield gauge("fetch_concurrency", "Block requests the engine allows in flight now (adaptive).",
+                        e["concurrency"])
+            yield gauge("fetch_concurrency_ceiling", "The most block requests the adaptive limit may allow.",
+                        e["concurrency_ceiling"])
+            yield gauge("fetch_requests_in_flight", "Block requests in flight now.", e["requests_in_flight"])
+            yield gauge("fetch_throughput_bytes_per_second", "Bytes fetched per second over the last second.",
+                        e["throughput_bps"])
+            yield counter("fetch_throttle_backoffs", "Times the adaptive limit was cut after SlowDown.",
+                          e["throttle_backoffs"])
 
         requests = CounterMetricFamily("stager_origin_requests", "Requests to the origin by outcome.",
                                        labels=["outcome"])

@@ -300,9 +300,7 @@ class Daemon:
 
     async def _quiesce(self) -> None:
         """Hold every slot of the engine's gate: requests in flight finish, none starts."""
-        gate = self.engine.gate
-        for _ in range(self.fetch.concurrency):
-            await gate.acquire(-math.inf)
+        await self.engine.gate.hold_all(-math.inf)
 
     async def _drop_idle_datasets(self, interval: float) -> None:
         """Every ``interval`` seconds, drop the dataset versions no consumer used for a lease."""

@@ -3,7 +3,8 @@
 One :class:`Engine` owns, for one process (or for the node, inside the
 daemon): the cache tier, the datasets (store + manifest) it fetches from, the
 plans of its consumers, the single-flight table of blob jobs, the priority
-gate that bounds block requests in flight, the latency tracker for hedging,
+gate that bounds block requests in flight (its limit learned from the origin
+by a :class:`~.concurrency.ConcurrencyController`, under ``concurrency``), the latency tracker for hedging,
 and two small thread pools (disk writes and sqlite; waits on other processes'
 blob locks) so the event loop never blocks on the disk.
 
@@ -35,6 +36,7 @@ from ..hashing import block_digest, block_range
 from ..manifest import Manifest
 from ..store import OriginStats
 from .dataset import BlobRef, Dataset
+from .concurrency import ConcurrencyController, memory_ceiling
 from .disk_threads import DiskThreads
 from .fetcher import BlobJob
 from .gate import PriorityGate
@@ -66,17 +68,20 @@ class Engine:
     def __init__(self, cache: CacheTier, config: FetchConfig = FetchConfig()) -> None:
         self.cache = cache
         self.config = config
-        self.gate = PriorityGate(config.concurrency)
-        self.latency = LatencyTracker()
-        self.stats = EngineStats()
         self.origin_stats = OriginStats()
+        self.concurrency = ConcurrencyController(
+            memory_ceiling(config.concurrency, config.request_bytes), full_request=config.request_bytes,
+            throttled=lambda: self.origin_stats.throttled)
+        self.gate = PriorityGate(self.concurrency.limit, controller=self.concurrency)
+        self.latency = LatencyTracker()
+        self.stats = EngineStats(gauges=self._gauges)
         self._jobs: dict[str, BlobJob] = {}
         self._job_tasks: set[asyncio.Task] = set()  # also jobs that left the table and are closing their blob
         self._plans: list[Plan] = []
         self._datasets: dict[str, Dataset] = {}
         self._disk = DiskThreads(min(8, max(2, config.concurrency // 2)), "stager-disk")
         self.lock_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="stager-lock")
-        self._block_listeners: list[Callable[[BlobRef, int], None]] = []
+        self._block_listeners: list[Callable[[BlobRef, int], None]] = [self._count_for_concurrency]
         self._closed = False
         self._room = asyncio.Event()  # set whenever room may have been made: a job ended, a plan moved on
 
@@ -239,6 +244,17 @@ class Engine:
             self.cache.mark_consumed(digest, token)
 
     # -- plumbing ------------------------------------------------------------
+
+    def _count_for_concurrency(self, _ref: BlobRef, nbytes: int) -> None:
+        """Throughput (and slow start's growth) as the verified bytes arrive."""
+        gate = self.gate
+        self.gate.set_limit(self.concurrency.count_bytes(nbytes, gate.holders >= gate.limit or gate.waiting > 0))
+
+    def _gauges(self) -> dict[str, float]:
+        return {"concurrency": self.gate.limit, "concurrency_peak": self.concurrency.peak,
+                "concurrency_ceiling": self.concurrency.ceiling, "requests_in_flight": self.gate.holders,
+                "throughput_bps": self.concurrency.throughput_bps,
+                "throttle_backoffs": self.concurrency.throttle_cuts}
 
     async def in_disk_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run blocking cache work (pwrite, fsync, sqlite) off the event loop."""

@@ -475,7 +475,7 @@ class BlobJob:
             engine.stats.hedged_requests += 1
 
         try:
-            async with engine.gate.slot(span.priority, owner=span):
+            async with engine.gate.slot(span.priority, owner=span, nbytes=end - start):
                 delay = engine.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
                     if config.hedge else None
                 began = time.monotonic()

@@ -129,7 +129,6 @@ class Plan:
     async def _prefetch(self) -> None:
         engine = self.engine
         cache = engine.cache
-        limit = max(2, engine.config.concurrency * 2)  # blob jobs in flight for this plan
         in_flight: dict[int, asyncio.Task] = {}
         next_pos = 0
         try:
@@ -137,6 +136,7 @@ class Plan:
                 self._moved.clear()
                 next_pos = max(next_pos, self.cursor)
                 end = self.window_end()
+                limit = max(2, engine.gate.limit * 2)  # blob jobs in flight: follows the adaptive limit
                 while next_pos < end and len(in_flight) < limit:
                     ref = self.ref(next_pos)
                     if cache.state(ref.digest) is not BlobState.COMPLETE:

@@ -1,13 +1,16 @@
 """The engine's counters: what it fetched, verified, hedged and waited for.
 
 Plain integers and floats updated on the event loop; the daemon exports them
-to Prometheus and ``stage``/``stats()`` print them. Origin-side counters
+to Prometheus and ``stage``/``stats()`` print them. Beside the counters,
+``gauges`` (set by the engine) reads what is true now: the adaptive
+concurrency limit, requests in flight and the recent throughput. Origin-side counters
 (requests by outcome, retries) live in the store's ``OriginStats``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
+from typing import Callable
 
 
 @dataclass(slots=True)
@@ -23,6 +26,12 @@ class EngineStats:
     consumer_wait_seconds: float = 0.0  # time consumers spent blocked on a blob or block
     consumer_waits: int = 0
     cache_full_waits: int = 0  # prefetches that waited for room
+    # -> concurrency, concurrency_peak, requests_in_flight, throughput_bps, throttle_backoffs
+    gauges: Callable[[], dict[str, float]] | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        """The counters, and the gauges' values now."""
+        values: dict[str, float] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "gauges"}
+        if self.gauges is not None:
+            values.update(self.gauges())
+        return values

@@ -16,6 +16,12 @@ after kill -9 resumes the upload and sends only the parts that were in
 flight. An upload that is gone (it completed just before the kill) is
 checked at the destination instead of being sent again.
 
+Requests in flight: each side has its own :class:`~stager.engine.PriorityGate`
+driven by its own :class:`~stager.engine.concurrency.ConcurrencyController`
+(the one the engine uses), so reads follow what the source can give and
+writes what the destination takes, up to ``concurrency`` each; the byte
+budget still bounds the memory of the transfers in flight.
+
 Checking (``--verify``, or an object of the right size nothing vouches for):
 the destination copy is read part by part, without retrying mismatches, and
 its block digests compared with the manifest.
@@ -29,6 +35,8 @@ from contextlib import contextmanager
 
 import xxhash
 
+from ..engine.concurrency import ConcurrencyController
+from ..engine.gate import PriorityGate
 from ..errors import CorruptData, OriginChanged, OriginError, ShardNotFound, StagerError, first_error
 from ..store import InvalidRange, RangeSink, Store, UnsupportedOperation, Upload
 from ..store.parts import MAX_PARTS
@@ -96,6 +104,8 @@ class Copier:
         verify_after: read every copy back and check it before recording it done.
         before_change: awaited before the first write to the destination (removes a stale manifest).
         copy: False for ``--finalize``: an object that would need copying raises NotAtDestination.
+        concurrency: the most requests in flight per side (None: only the stores' own limits, fixed);
+            the number in flight then adapts to each side below it.
     """
 
     def __init__(
@@ -111,6 +121,7 @@ class Copier:
         verify_after: bool = False,
         before_change: Callable[[], Awaitable[None]] | None = None,
         copy: bool = True,
+        concurrency: int | None = None,
     ) -> None:
         self.src = src
         self.dst = dst
@@ -123,6 +134,8 @@ class Copier:
         self.copy_enabled = copy
         self._before_change = before_change
         self._buffers = _BufferPool()
+        self.read_gate = _adaptive_gate(src, concurrency, self.part_size)
+        self.write_gate = _adaptive_gate(dst, concurrency, self.part_size)
 
     async def replicate(self, item: PlanItem) -> None:
         """Bring ``item`` to the destination (or find it there), verified, and record it.
@@ -178,13 +191,15 @@ class Copier:
 
     async def _read(self, item: PlanItem, start: int, end: int) -> bytes:
         """``[start, end)`` of the source object, every block verified (retried until it is)."""
-        return await self.src.read_range(item.path, start, end, check=self._checker(item, start))
+        async with self.read_gate.slot(nbytes=end - start):
+            return await self.src.read_range(item.path, start, end, check=self._checker(item, start))
 
     async def _read_into(self, buffer: bytearray, item: PlanItem, start: int, end: int) -> memoryview:
         """As :meth:`_read`, into ``buffer`` (reused from part to part: no fresh pages to fault in)."""
         view = memoryview(buffer)[:end - start]
         check = self._checker(item, start)
-        await self.src.read_range_into(item.path, start, end, lambda: _BufferSink(view, check))
+        async with self.read_gate.slot(nbytes=end - start):
+            await self.src.read_range_into(item.path, start, end, lambda: _BufferSink(view, check))
         return view
 
     # -- small objects -----------------------------------------------------------------
@@ -197,7 +212,8 @@ class Copier:
                 raise OriginChanged(f"{item.path}: blocks match the manifest but the whole-object digest does not")
             await self._changing()
             with _writing(self.dst, item.path):
-                await self.dst.write(item.path, data)
+                async with self.write_gate.slot(nbytes=len(data)):
+                    await self.dst.write(item.path, data)
             self.stats.copied_bytes += item.size
             self.stats.bytes_done += item.size
         finally:
@@ -236,7 +252,8 @@ class Copier:
         try:
             data = await self._read_into(buffer, item, start, end)
             with _uploading(self.dst, item.path):
-                await upload.write_part(number, data)
+                async with self.write_gate.slot(nbytes=len(data)):
+                    await upload.write_part(number, data)
             await self.journal.record_part(item.path, number, len(data))
             self.stats.copied_bytes += len(data)
             self.stats.bytes_done += len(data)
@@ -341,6 +358,16 @@ class _BufferPool:
     def give_back(self, buffer: bytearray) -> None:
         if len(self._idle) < self.KEEP:
             self._idle.append(buffer)
+
+
+def _adaptive_gate(store: Store, concurrency: int | None, full_request: int) -> PriorityGate:
+    """A gate for the requests to ``store``: adaptive up to ``concurrency``, or wide open if None."""
+    if concurrency is None:
+        return PriorityGate(1 << 30)
+    stats = getattr(store, "stats", None)
+    controller = ConcurrencyController(concurrency, full_request=full_request,
+                                       throttled=lambda: stats.throttled if stats is not None else 0)
+    return PriorityGate(controller.limit, controller=controller)
 
 
 async def abort_upload(dst: Store, path: str, part_size: int, token: str) -> None:

@@ -80,7 +80,7 @@ class ReplicateConfig:
     trust_size: bool = False
     verify: bool = False
     finalize: bool = False  # only check and publish: copy nothing
-    concurrency: int = 32  # requests in flight per side
+    concurrency: int = 256  # the most requests in flight per side (the number adapts below it)
     part_size: int = DEFAULT_PART_SIZE
     buffer: int = 128 * MiB  # bytes held by transfers in flight
     bandwidth: int | None = None  # bytes/s, per side
@@ -114,6 +114,7 @@ class Replicator:
         self.dst_stats = OriginStats()
         self.phase = "starting"
         self.plan_summary: PlanSummary | None = None
+        self.copier: Copier | None = None  # set once copying starts (its gates show the adaptive concurrency)
         self._dst_had_manifest = False
         self._manifest_removed = False
         self._change_lock = asyncio.Lock()
@@ -183,8 +184,9 @@ class Replicator:
                 src, dst, journal, block_size=block_size, part_size=cfg.part_size,
                 budget=ByteBudget(max(cfg.buffer, part_size_for(0, block_size, cfg.part_size))),
                 stats=self.stats, verify_after=cfg.verify, before_change=self._before_change,
-                copy=not cfg.finalize,
+                copy=not cfg.finalize, concurrency=cfg.concurrency,
             )
+            self.copier = copier
             await self._copy_all(plan, copier, src if own_index is not None else None)
             if self.reindexed:
                 self.phase = "keeping the repaired index"
@@ -304,6 +306,12 @@ class Replicator:
 
     # -- reporting -----------------------------------------------------------------------
 
+    def _concurrency_peaks(self) -> dict[str, int]:
+        """The most requests each side had in flight at once (the adaptive limit's doing)."""
+        if self.copier is None:
+            return {"source": 0, "destination": 0}
+        return {"source": self.copier.read_gate.peak_holders, "destination": self.copier.write_gate.peak_holders}
+
     def summary(self, began: float, run_id: str, *, published: bool, complete: bool, dry: bool,
                 note: str | None = None) -> dict[str, Any]:
         """The run's outcome as a JSON-able dict (what ``--json`` prints)."""
@@ -337,6 +345,7 @@ class Replicator:
             "corrupt_blocks_rejected": stats.corrupt_blocks,
             "reindexed_objects": len(self.reindexed),
             "retries": {"source": self.src_stats.retries, "destination": self.dst_stats.retries},
+            "concurrency_peak": self._concurrency_peaks(),
             "manifest_published": published,
             "complete": complete,
             "seconds": round(seconds, 3),

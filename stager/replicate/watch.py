@@ -244,7 +244,7 @@ async def watch_replicate(
         stack.push_async_callback(state.close)
         budget = ByteBudget(max(config.buffer, part_size_for(0, watch.block_size, config.part_size)))
         copier = Copier(src, dst, journal, block_size=watch.block_size, part_size=config.part_size, budget=budget,
-                        stats=stats, verify_after=config.verify)
+                        stats=stats, verify_after=config.verify, concurrency=config.concurrency)
         if task is not None:
             try:
                 loop.add_signal_handler(signal.SIGTERM, task.cancel)

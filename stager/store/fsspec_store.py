@@ -44,10 +44,12 @@ SPOOL_PREFIX = "stager-upload-"
 S3_PROTOCOLS = ("s3", "s3a")
 
 
-def s3fs_options(storage_options: Mapping[str, Any], retry: RetryConfig) -> dict[str, Any]:
-    """Storage options for s3fs with its and botocore's retries off and timeouts from ``retry``."""
+def s3fs_options(storage_options: Mapping[str, Any], retry: RetryConfig, concurrency: int = 10) -> dict[str, Any]:
+    """Storage options for s3fs with its and botocore's retries off, timeouts from ``retry``, and a
+    connection pool of ``concurrency`` (botocore's default of 10 would cap requests in flight)."""
     options = dict(storage_options)
     config = dict(options.get("config_kwargs") or {})
+    config.setdefault("max_pool_connections", concurrency)
     config["retries"] = {"total_max_attempts": 1, "mode": "standard"}
     config.setdefault("connect_timeout", min(retry.request_timeout, 10.0))
     config.setdefault("read_timeout", retry.request_timeout)
@@ -80,7 +82,7 @@ class FsspecStore(Store):
         self.protocol = protocol or "file"
         self._options = dict(storage_options or {})
         if self.protocol in S3_PROTOCOLS:
-            self._options = s3fs_options(self._options, retry)
+            self._options = s3fs_options(self._options, retry, concurrency)
         self._fs: fsspec.AbstractFileSystem | None = None
         self._async = self._filesystem_is_async()
         self.root = self._strip_protocol(url)

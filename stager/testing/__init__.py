@@ -11,6 +11,10 @@ benchmarks all need a bad origin on demand. This package ships one:
   and a seeded decider (fault_plan.py): latency, spikes, 503 SlowDown, 500,
   resets, truncated and corrupted bodies, ignored ranges, bandwidth caps,
   outages. Put it in front of any origin to see what your pipeline does.
+  It also behaves like an object store on demand: first-byte latency with
+  jitter, a per-connection and an aggregate bandwidth cap, and a request-rate
+  limit per key prefix answered ``503 SlowDown`` (rate_limit.py);
+  profiles.py names such origins (``object_store_plan("near")``).
 * sigv4.py signs and re-signs S3 requests; web_thread.py runs an aiohttp app
   on its own loop in a thread, so sync code and other processes can use it.
 
@@ -20,8 +24,10 @@ Everything listens on 127.0.0.1 on a port the OS picks.
 from .fault_plan import Fault, FaultPlan
 from .fault_proxy import FaultProxy, ProxyStats
 from .http_origin import HttpOrigin
+from .profiles import PROFILES, object_store_plan
 
-__all__ = ["Fault", "FaultPlan", "FaultProxy", "HttpOrigin", "ProxyStats", "S3Bucket", "S3Server"]
+__all__ = ["PROFILES", "Fault", "FaultPlan", "FaultProxy", "HttpOrigin", "ProxyStats", "S3Bucket", "S3Server",
+           "object_store_plan"]
 
 
 def __getattr__(name: str):

@@ -34,3 +34,25 @@ class BandwidthLimiter:
         start = max(now, self._next_free)
         self._next_free = start + nbytes / rate_bps
         await asyncio.sleep(self._next_free - now)
+
+
+class TransferShaper:
+    """One transfer's shaping: its own cap (``connection_bps``) and the proxy's shared one.
+
+    Each transfer gets its own :class:`BandwidthLimiter` for the per-connection
+    cap, so one slow stream never holds back another, while the shared limiter
+    keeps their sum under the aggregate cap.
+    """
+
+    def __init__(self, shared: BandwidthLimiter, aggregate_bps: float | None, connection_bps: float | None) -> None:
+        self._shared = shared
+        self._own = BandwidthLimiter()
+        self._aggregate = aggregate_bps
+        self._connection = connection_bps
+        rates = [r for r in (aggregate_bps, connection_bps) if r]
+        self.chunk_size = BandwidthLimiter.chunk_size(min(rates) if rates else None)
+
+    async def consume(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` may be sent under both caps."""
+        await self._own.consume(nbytes, self._connection)
+        await self._shared.consume(nbytes, self._aggregate)

@@ -15,6 +15,13 @@ the same request order give the same fault sequence:
 4. position: where in the body a reset / truncation / flipped byte happens,
    as a fraction of the body length.
 
+Two more behaviours make the proxy act like an object store rather than a
+loopback server, and take no draws: ``connection_bps`` caps each response (and
+each request body) on its own, as a real store caps each connection, while
+``bandwidth_bps`` caps all of them together; ``rate_limit_rps`` is a request
+rate per key prefix above which requests are answered ``503 SlowDown`` (see
+rate_limit.py; counted as ``rate_limit``, never towards ``max_faults``).
+
 Spikes and exclusive faults count towards ``max_faults``; once it is reached no
 more are drawn (latency, jitter and the bandwidth cap still apply, and ``down``
 always does). A fault that turns out not to apply (no Range header to ignore,
@@ -44,6 +51,7 @@ class Fault(enum.StrEnum):
     TRUNCATE = "truncate"  # part of the body, then clean close (FIN)
     FLIP = "flip"  # one body byte XOR 0xFF
     IGNORE_RANGE = "ignore_range"  # Range dropped: 200 with the whole object
+    RATE_LIMIT = "rate_limit"  # over plan.rate_limit_rps on its prefix: 503 SlowDown
     DOWN = "down"  # plan.down: 503, reset or refused connection
 
 
@@ -62,7 +70,10 @@ class FaultPlan:
     """Per-request fault settings; mutable, validated on every use.
 
     Probabilities are per matching request. ``bandwidth_bps`` caps the bytes/s
-    of all matching transfers together (None: no cap). ``down`` answers every
+    of all matching transfers together, ``connection_bps`` those of each one
+    (None: no cap). ``rate_limit_rps`` admits that many matching requests per
+    second on each key prefix (bursts of ``rate_limit_burst``, default a tenth
+    of a second's worth) and answers the rest ``503 SlowDown``. ``down`` answers every
     request (matching or not) according to ``down_mode``: "503" (SlowDown),
     "reset" (TCP RST, no response) or "refuse" (listener closed: ECONNREFUSED;
     needs `FaultProxy.update`/`set_down` to take and lift). ``methods`` None
@@ -80,6 +91,9 @@ class FaultPlan:
     flip_p: float = 0.0
     ignore_range_p: float = 0.0
     bandwidth_bps: float | None = None
+    connection_bps: float | None = None
+    rate_limit_rps: float | None = None
+    rate_limit_burst: float | None = None
     down: bool = False
     down_mode: str = "503"
     methods: tuple[str, ...] | None = ("GET",)
@@ -103,8 +117,10 @@ class FaultPlan:
             raise ValueError("probabilities must be within [0, 1]")
         if sum(self.probability(f) for f in EXCLUSIVE) > 1.0 + 1e-9:
             raise ValueError("exclusive fault probabilities must sum to <= 1")
-        if self.bandwidth_bps is not None and self.bandwidth_bps <= 0:
-            raise ValueError("bandwidth_bps must be > 0 or None")
+        for name in ("bandwidth_bps", "connection_bps", "rate_limit_rps", "rate_limit_burst"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or None")
         if self.down_mode not in DOWN_MODES:
             raise ValueError(f"down_mode must be one of {DOWN_MODES}")
         if self.max_faults is not None and self.max_faults < 0:
@@ -211,8 +227,12 @@ class FaultDecider:
                 state.events[decision.seq] = replace(event, faults=kinds)
 
     def record_down(self) -> None:
+        self.record(Fault.DOWN)
+
+    def record(self, kind: Fault) -> None:
+        """Count a fault that was not drawn (down, rate limit): it never counts towards ``max_faults``."""
         with self._lock:
-            self._state.counts[Fault.DOWN] += 1
+            self._state.counts[kind] += 1
 
     def _add_event(self, event: FaultEvent) -> None:
         events = self._state.events

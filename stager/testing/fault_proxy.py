@@ -22,7 +22,13 @@ the faults (see fault_plan.py), which are then applied here:
   response, after the request reached the origin;
 * truncate: part of the body, then a clean close before Content-Length;
 * flip: one byte of the body XOR 0xFF (same length);
-* bandwidth cap: each chunk, both directions, waits on a shared limiter.
+* bandwidth caps: each chunk, both directions, waits on the transfer's own
+  limiter (``connection_bps``) and on one shared by all (``bandwidth_bps``);
+* request-rate limit: a matching request over ``rate_limit_rps`` on its key
+  prefix is answered ``503 SlowDown`` after the first-byte latency, as S3 does.
+
+The proxy also counts matching requests in flight (now and at the peak), so a
+test can assert how many requests a client kept open.
 
 Truncate and flip only hit 2xx responses with a non-empty body (else they are
 not counted); an upstream body of unknown length is read whole first so the
@@ -43,8 +49,9 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from ..store import sigv4
-from .bandwidth import BandwidthLimiter
+from .bandwidth import BandwidthLimiter, TransferShaper
 from .fault_plan import Decision, Fault, FaultDecider, FaultEvent, FaultPlan
+from .rate_limit import PrefixRateLimiter
 from .web_thread import ThreadedWebServer, abort_with_rst
 
 HOP_BY_HOP = frozenset(
@@ -79,6 +86,8 @@ class ProxyStats:
     faults: dict[str, int]
     bytes_down: int  # response body bytes sent to clients
     bytes_up: int  # request body bytes sent upstream
+    in_flight: int = 0  # matching requests being handled now
+    peak_in_flight: int = 0  # the most at once since start (or reset_peak)
 
     @property
     def bytes_forwarded(self) -> int:
@@ -124,6 +133,9 @@ class FaultProxy:
         self.credentials = dict(credentials or {})
         self._decider = FaultDecider(seed)
         self._limiter = BandwidthLimiter()
+        self._rate = PrefixRateLimiter()
+        self._in_flight = 0
+        self._peak_in_flight = 0
         self._lock = threading.Lock()
         self._requests = 0
         self._bytes_down = 0
@@ -171,10 +183,30 @@ class FaultProxy:
         with self._lock:
             self._decider.reseed(seed)
             self._requests = self._bytes_down = self._bytes_up = 0
+            self._peak_in_flight = self._in_flight
 
     def stats(self) -> ProxyStats:
         with self._lock:
-            return ProxyStats(self._requests, self._decider.counts, self._bytes_down, self._bytes_up)
+            return ProxyStats(self._requests, self._decider.counts, self._bytes_down, self._bytes_up,
+                              self._in_flight, self._peak_in_flight)
+
+    @property
+    def in_flight(self) -> int:
+        """Matching requests being handled now."""
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def peak_in_flight(self) -> int:
+        """The most matching requests handled at once since start, ``reseed`` or ``reset_peak``."""
+        with self._lock:
+            return self._peak_in_flight
+
+    def reset_peak(self) -> int:
+        """Start measuring the peak anew (from the requests in flight now); return the old peak."""
+        with self._lock:
+            old, self._peak_in_flight = self._peak_in_flight, self._in_flight
+            return old
 
     @property
     def requests(self) -> int:
@@ -249,9 +281,32 @@ class FaultProxy:
         plan, request[_NUMBER] = self._begin_request()
         if plan.down:
             return await self._down(request, plan)
-        decision = None
-        if plan.matches(request.method, request.path):
+        if not plan.matches(request.method, request.path):
+            return await self._serve(request, plan, None)
+        self._enter()
+        try:
+            now = asyncio.get_running_loop().time()
+            if not self._rate.admit(request.path, now, plan.rate_limit_rps, plan.rate_limit_burst):
+                self._decider.record(Fault.RATE_LIMIT)
+                if plan.latency_s > 0:
+                    await asyncio.sleep(plan.latency_s)
+                return self._error(request, 503)
             decision = self._decider.decide(plan, request.method, request.path)
+            return await self._serve(request, plan, decision)
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    async def _serve(self, request: web.Request, plan: FaultPlan, decision: Decision | None) -> web.StreamResponse:
+        if decision is not None:
             if decision.delay_s > 0:
                 await asyncio.sleep(decision.delay_s)
         fault = decision.fault if decision else None
@@ -335,12 +390,17 @@ class FaultProxy:
         )
         return CIMultiDict(resigned) if resigned is not None else None
 
+    def _shaper(self, plan: FaultPlan, shaped: bool) -> TransferShaper:
+        if not shaped:
+            return TransferShaper(self._limiter, None, None)
+        return TransferShaper(self._limiter, plan.bandwidth_bps, plan.connection_bps)
+
     async def _request_body(
         self, request: web.Request, plan: FaultPlan, shaped: bool
     ) -> AsyncIterator[bytes]:
-        rate = plan.bandwidth_bps if shaped else None
-        async for chunk in request.content.iter_chunked(self._limiter.chunk_size(rate)):
-            await self._limiter.consume(len(chunk), rate)
+        shaper = self._shaper(plan, shaped)
+        async for chunk in request.content.iter_chunked(shaper.chunk_size):
+            await shaper.consume(len(chunk))
             self._count(up=len(chunk))
             yield chunk
 
@@ -377,14 +437,16 @@ class FaultProxy:
             response.content_length = upstream.content_length
         elif has_body and length is not None:
             response.content_length = length
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except ConnectionError:  # the client went away before the headers: nothing more to send
+            return response
         if not has_body:
             await response.write_eof()
             return response
         cut = min(int(decision.position * length), length - 1) if fault in _BODY_FAULTS else None
         try:
-            rate = plan.bandwidth_bps if shaped else None
-            await self._stream(response, upstream, buffered, fault, cut, rate)
+            await self._stream(response, upstream, buffered, fault, cut, self._shaper(plan, shaped))
         except (ConnectionError, aiohttp.ClientError, asyncio.TimeoutError):
             # The client went away, or the upstream broke mid-body: pass the break on.
             abort_with_rst(request.transport)
@@ -404,13 +466,12 @@ class FaultProxy:
         buffered: bytes | None,
         fault: Fault | None,
         cut: int | None,
-        rate: float | None,
+        shaper: TransferShaper,
     ) -> None:
         """Write the body, flipping the byte at ``cut`` or stopping there."""
         stops = fault in (Fault.RESET, Fault.TRUNCATE)
         sent = 0
-        size = self._limiter.chunk_size(rate)
-        async for chunk in self._iter_chunks(upstream, buffered, size):
+        async for chunk in self._iter_chunks(upstream, buffered, shaper.chunk_size):
             if fault is Fault.FLIP and sent <= cut < sent + len(chunk):
                 flipped = bytearray(chunk)
                 flipped[cut - sent] ^= 0xFF
@@ -418,7 +479,7 @@ class FaultProxy:
             elif stops and sent + len(chunk) > cut:
                 chunk = chunk[: cut - sent]
             if chunk:
-                await self._limiter.consume(len(chunk), rate)
+                await shaper.consume(len(chunk))
                 # counted before the write: the client may hold every byte (and the test read the
                 # counter) before this thread runs again after write() returns
                 self._count(down=len(chunk))

@@ -249,7 +249,7 @@ async def test_fetch_settings_reach_the_engine(node):
     daemon = await node.start(fetch=FetchConfig(concurrency=3, window_bytes=12345,
                                                 retry=RetryConfig(deadline=3.0)))
     got, body = await node.raw("PUT", PLAN, json=_plan_body(node))
-    assert got == 200 and body["window_bytes"] == 12345 and daemon.engine.gate._free <= 3
+    assert got == 200 and body["window_bytes"] == 12345 and daemon.engine.gate.limit <= 3 and daemon.engine.concurrency.ceiling == 3
 
 
 def _local_in_disguise(root, tmp) -> list[dict]:

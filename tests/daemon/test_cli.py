@@ -38,8 +38,12 @@ async def test_stage_and_status_go_through_the_daemon(node):
     status = json.loads(out)
     assert status["daemon"]["pid"] == os.getpid() and status["complete_blobs"] == len(m)
     assert [d["complete"] for d in status["datasets"]] == [len(m)]
+    fetch = status["daemon"]["fetch"]  # the adaptive concurrency, as the daemon's engine has it
+    assert fetch["requests_in_flight"] == 0 and 1 <= fetch["concurrency"] <= fetch["concurrency_ceiling"]
+    assert fetch["concurrency_peak"] >= fetch["concurrency"] and fetch["throughput_bps"] >= 0
     code, out, err = await stager("status", *where)
     assert code == 0 and f"daemon pid {os.getpid()} on {node.socket}" in out
+    assert f"fetching: 0 requests in flight, limit {fetch['concurrency']} " in out
 
 
 async def test_stage_through_the_daemon_keeps_its_exit_status_and_message(node):

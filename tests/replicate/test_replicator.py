@@ -237,3 +237,19 @@ async def test_other_fsspec_destinations_take_the_spooled_upload_path(tmp_path):
         for name, data in files.items():
             assert await store.read(name) == data
         assert await store.read(MANIFEST_PATH) == (tmp_path / "src" / MANIFEST_PATH).read_bytes()
+
+
+async def test_reads_follow_a_source_that_caps_each_connection(http_origin, fault_proxy, tmp_path):
+    # an object store's source: every response capped, some first-byte latency; many small objects
+    files = {f"obj/{i:04d}.bin": bytes([i % 251]) * 24_000 for i in range(160)}
+    write_dataset(http_origin.root / "ds", files)
+    proxy = fault_proxy(http_origin, FaultPlan(latency_s=0.02, connection_bps=100_000, path_contains="/obj/"))
+    cfg = config(SourceConfig(f"{proxy.url}/ds"), SourceConfig(str(tmp_path / "out")), tmp_path, concurrency=256)
+    replicator = Replicator(cfg)
+    summary = await replicator.run()
+    assert summary["failed"] == 0 and summary["manifest_published"]
+    assert_replica(http_origin.root / "ds", tmp_path / "out")
+    reads = replicator.copier.read_gate.controller
+    assert reads.peak >= 4 * reads.initial  # from 16 to 64 and more, as each request kept its speed
+    assert proxy.peak_in_flight >= 4 * reads.initial  # on the wire, not only the controller's number
+    assert summary["concurrency_peak"]["source"] >= 4 * reads.initial

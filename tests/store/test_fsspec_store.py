@@ -87,6 +87,19 @@ def test_s3fs_options_turn_retries_off_and_keep_user_settings():
     assert user["config_kwargs"]["retries"] == {"max_attempts": 10}  # not mutated
 
 
+async def test_s3fs_connection_pool_follows_the_store_concurrency():
+    # botocore's default pool of 10 connections would cap the adaptive concurrency at 10
+    assert s3fs_options({}, RetryConfig(), 64)["config_kwargs"]["max_pool_connections"] == 64
+    assert s3fs_options({"config_kwargs": {"max_pool_connections": 5}}, RetryConfig(), 64)[
+        "config_kwargs"]["max_pool_connections"] == 5  # the user's own setting wins
+    store = open_store(SourceConfig("s3://bucket/prefix", {"key": "k" * 12, "secret": "s" * 12,
+                                                           "endpoint_url": "http://127.0.0.1:9"}), concurrency=64)
+    try:
+        assert store.fs.config_kwargs["max_pool_connections"] == 64
+    finally:
+        await store.close()
+
+
 async def test_s3fs_instance_has_its_own_retries_off():
     store = open_store(SourceConfig("s3://bucket/prefix", {"key": "k" * 12, "secret": "s" * 12, "endpoint_url": "http://127.0.0.1:9"}))
     try:

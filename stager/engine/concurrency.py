@@ -1,0 +1,239 @@
+"""Adaptive concurrency: how many requests to keep in flight, learned from the origin.
+
+A loopback origin is fastest with a few requests in flight; a real object
+store caps each connection (tens of MB/s) and takes tens of milliseconds to
+the first byte, so filling a fast link needs many more; and a store that
+answers ``503 SlowDown`` needs fewer. No fixed number is right everywhere, so
+the engine's :class:`~.gate.PriorityGate` (and each side of replicate's
+copier) is driven by a :class:`ConcurrencyController`, a gradient controller
+in the manner of TCP Vegas:
+
+* Each finished request reports how long it held its slot and how many bytes
+  it moved. Its *seconds per byte* is the signal: while the bottleneck is each
+  connection, adding requests leaves it flat; once the link (or the origin, or
+  our own CPU and disk) is the bottleneck, it rises in proportion. Only
+  requests of at least half the full request size count this way; shorter
+  ones (a blob's tail, one urgent block, replicate's small objects) are
+  judged apart by their seconds alone, so their first-byte latency is not
+  mistaken for a queue.
+* ``base`` is the lowest seconds-per-byte seen (drifting upwards while the
+  limit is at its floor, so it can follow an origin that got slower) and
+  ``recent`` a moving average. Real hold times are noisy (a tenth of a second
+  either way on a busy host), so queueing only counts once ``recent`` exceeds
+  ``TOLERANCE * base``: the gradient is ``min(1, TOLERANCE * base / recent)``.
+* Slow start: from ``initial``, the limit grows by ``SLOW_START_GAIN`` per
+  finished request (tripling each round trip) while the gate is saturated
+  and the gradient stays 1; where the bytes are counted as they arrive
+  (:meth:`ConcurrencyController.count_bytes`, the engine's verified blocks),
+  it grows by as much per full request's worth of bytes instead, so a long
+  request pays for more of them from its first block. After that, the limit
+  moves towards ``limit * gradient + sqrt(limit)``: it keeps probing upwards
+  while the latency does not rise, and backs off when it does.
+* A throttled attempt (``SlowDown``, counted by the store's retry policy)
+  cuts the limit by ``THROTTLE_CUT`` at once, at most once per recent request
+  duration, and ends slow start.
+* Throughput is measured too, in windows of ``RATE_WINDOW``: rising latency
+  is only a reason to back off where it brought no throughput, so latency
+  never cuts the limit below the one at which the best throughput was seen
+  (a host whose CPU is the bottleneck makes every request slower yet still
+  moves more bytes with more of them).
+
+The limit never exceeds ``ceiling`` (the user's ``--concurrency``, bounded by
+:func:`memory_ceiling`) and latency alone never pushes it below ``initial``;
+only throttling does (down to one). Everything is a few float operations per
+finished request (or verified block) on the event loop: no per-byte work, no
+task, no timer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+#: Where the limit starts (or the ceiling, if lower).
+INITIAL = 16
+#: Bytes of the engine's buffers that requests in flight may take together.
+MEMORY_BUDGET = 256 << 20
+#: What one streaming request may hold: write batches filling and on their way to the disk (three of
+#: 1 MiB) and its receive buffer (1 MiB). Measured: about 5 MiB each on loopback, 1.5 MiB on slow links.
+REQUEST_FOOTPRINT = 4 << 20
+#: Requests may take this much longer per byte than the best seen before it counts as a queue we cause.
+TOLERANCE = 1.5
+#: Slow start adds this many per finished request: the limit triples each round trip. Requests to an
+#: object store take a second or more each, so a staging run lasts only a few round trips.
+SLOW_START_GAIN = 2.0
+#: Lowest gradient: one sample never cuts the limit by more than this factor.
+MIN_GRADIENT = 0.5
+#: On a throttled attempt the limit is multiplied by this.
+THROTTLE_CUT = 0.5
+#: Weight of a new target in the limit (and of a new duration in the mean duration).
+SMOOTHING = 0.25
+#: Weight of a new sample in ``recent``.
+RECENT_SMOOTHING = 0.1
+#: At the floor, ``base`` rises by this fraction per sample, so it forgets a faster past.
+BASE_DRIFT = 0.01
+#: A window's throughput must beat the best by this factor to move the latency floor up to its limit.
+BEST_GAIN = 1.1
+#: Seconds over which ``throughput_bps`` is measured.
+RATE_WINDOW = 1.0
+
+
+def memory_ceiling(ceiling: int, request_bytes: int, budget: int = MEMORY_BUDGET) -> int:
+    """``ceiling`` bounded so that requests in flight x their footprint fit in ``budget`` (at least 1)."""
+    footprint = max(1, min(request_bytes, REQUEST_FOOTPRINT))
+    return max(1, min(ceiling, budget // footprint))
+
+
+class ConcurrencyController:
+    """Learns the number of requests to keep in flight; see the module docstring.
+
+    Args:
+        ceiling: never more than this many.
+        initial: where to start (capped by ``ceiling``); latency alone never goes below it.
+        full_request: the size of a full request in bytes; shorter requests are judged apart, by
+            their seconds alone (their first-byte latency would look like a queue per byte).
+        throttled: returns the number of throttled attempts so far (a counter that only grows).
+        clock: injectable for tests.
+    """
+
+    def __init__(self, ceiling: int, *, initial: int = INITIAL, full_request: int = 0,
+                 throttled: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic) -> None:
+        if ceiling < 1:
+            raise ValueError(f"concurrency ceiling must be >= 1, got {ceiling}")
+        self.ceiling = ceiling
+        self.initial = max(1, min(initial, ceiling))
+        self._limit = float(self.initial)
+        self._floor = float(self.initial)
+        self._full_request = full_request
+        self._throttled = throttled
+        self._clock = clock
+        self._seen_throttles = throttled()
+        self._cut_until = 0.0
+        self._slow_start = True
+        self._full = _Lane()  # requests of at least half the full size: seconds per byte
+        self._short = _Lane()  # shorter ones (tails, single blocks, small objects): seconds
+        self._duration = 0.0  # moving average of a request's seconds
+        self._window_start = clock()
+        self._window_bytes = 0
+        self._last_done = self._window_start
+        self._rate = 0.0
+        self._fed = False  # bytes come through count_bytes (as they arrive), not at the end of requests
+        self._best_rate = 0.0  # the highest throughput seen in one window...
+        self._best_limit = 0.0  # ...and the limit it was seen at: latency alone never cuts below it
+        self.peak = self.initial
+        self.throttle_cuts = 0
+
+    @property
+    def limit(self) -> int:
+        """Requests to allow in flight now."""
+        return max(1, min(self.ceiling, int(self._limit)))
+
+    @property
+    def slow_start(self) -> bool:
+        return self._slow_start
+
+    @property
+    def throughput_bps(self) -> float:
+        """Bytes per second finished over the last second or so (0 once nothing finished for a while)."""
+        if self._clock() - self._last_done > 2 * RATE_WINDOW:
+            return 0.0
+        return self._rate
+
+    def on_done(self, seconds: float, nbytes: int, saturated: bool, ok: bool = True) -> int:
+        """A request that held a slot ``seconds`` and moved ``nbytes`` ended; return the new limit.
+
+        ``saturated``: every slot was taken (or someone waited) when it ended, so more
+        requests could have run. ``ok`` false: it failed or was cancelled (only throttling counts).
+        """
+        now = self._clock()
+        if not self._fed:
+            self._count_bytes(now, nbytes if ok else 0)
+        if self._throttle_seen(now):
+            return self.limit
+        if not ok or seconds <= 0 or nbytes < 0:
+            return self.limit
+        self._duration = seconds if not self._duration else self._duration + SMOOTHING * (seconds - self._duration)
+        full = nbytes > 0 and nbytes * 2 >= self._full_request
+        lane = self._full if full else self._short
+        gradient = lane.gradient(seconds / nbytes if full else seconds, at_floor=self._limit <= self._floor)
+        if self._slow_start:
+            if gradient < 1.0:
+                self._slow_start = False
+            elif saturated and not self._fed:  # (fed: it grew with the bytes already)
+                self._limit = min(float(self.ceiling), self._limit + SLOW_START_GAIN)
+        if not self._slow_start:
+            target = self._limit * gradient + (math.sqrt(self._limit) if saturated else 0.0)
+            self._limit += SMOOTHING * (target - self._limit)
+        self._limit = min(float(self.ceiling), max(self._floor, self._best_limit, self._limit))
+        self.peak = max(self.peak, self.limit)
+        return self.limit
+
+    def count_bytes(self, nbytes: int, saturated: bool = False) -> int:
+        """Count ``nbytes`` that just arrived (smoother than counting whole requests as they end); return the limit.
+
+        In slow start the growth then follows the bytes too (``SLOW_START_GAIN`` per full request's worth):
+        a request of several seconds starts paying for more of them with its first block, not its last.
+        """
+        self._fed = True
+        self._count_bytes(self._clock(), nbytes)
+        if self._slow_start and saturated and self._full_request > 0:
+            self._limit = min(float(self.ceiling), self._limit + SLOW_START_GAIN * nbytes / self._full_request)
+            self.peak = max(self.peak, self.limit)
+        return self.limit
+
+    def on_throttle(self) -> int:
+        """Look for new throttled attempts now (a request is still waiting out its backoff); return the limit."""
+        self._throttle_seen(self._clock())
+        return self.limit
+
+    def _throttle_seen(self, now: float) -> bool:
+        count = self._throttled()
+        if count <= self._seen_throttles:
+            return False
+        self._seen_throttles = count
+        if now >= self._cut_until:  # one cut per round trip: the throttles of one burst arrive together
+            self._limit = max(1.0, self._limit * THROTTLE_CUT)
+            self._floor = min(self._floor, self._limit)
+            self._best_limit = min(self._best_limit, self._limit)
+            self._best_rate = 0.0  # what was best before the origin pushed back no longer holds
+            self._slow_start = False
+            self._cut_until = now + max(0.05, self._duration)
+            self.throttle_cuts += 1
+        return True
+
+    def _count_bytes(self, now: float, nbytes: int) -> None:
+        self._window_bytes += nbytes
+        if nbytes:
+            self._last_done = now
+        elapsed = now - self._window_start
+        if elapsed >= RATE_WINDOW:
+            self._rate = self._window_bytes / elapsed
+            self._window_start = now
+            self._window_bytes = 0
+            if self._rate > self._best_rate * BEST_GAIN:
+                self._best_rate = self._rate
+                self._best_limit = self._limit
+
+
+class _Lane:
+    """The latency signal of one kind of request: its best (``base``) and its moving average (``recent``)."""
+
+    __slots__ = ("base", "recent")
+
+    def __init__(self) -> None:
+        self.base: float | None = None
+        self.recent: float | None = None
+
+    def gradient(self, sample: float, at_floor: bool) -> float:
+        """Take ``sample`` and return ``min(1, TOLERANCE * base / recent)`` (at least ``MIN_GRADIENT``)."""
+        self.recent = sample if self.recent is None else self.recent + RECENT_SMOOTHING * (sample - self.recent)
+        if self.base is None or sample < self.base:
+            self.base = sample
+        elif at_floor:
+            # At the floor the latency is as good as we can make it: let the base follow a slower
+            # origin. Nowhere else, or our own queue would creep into the base and the limit with it.
+            self.base *= 1 + BASE_DRIFT
+        if self.recent <= 0:
+            return 1.0
+        return max(MIN_GRADIENT, min(1.0, TOLERANCE * self.base / self.recent))

@@ -1,0 +1,243 @@
+"""Adaptive concurrency: the controller's rules, and the engine against an origin that behaves like an object store.
+
+The engine tests count requests in flight at the proxy and 503s it answered;
+none asserts a wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stager.cache import CacheTier
+from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
+from stager.engine import Engine, PriorityGate
+from stager.engine.concurrency import INITIAL, ConcurrencyController, memory_ceiling
+from stager.testing.fault_plan import FaultPlan
+
+from .corpus import BLOCK, assert_cache_matches, make_corpus
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST_RETRY = RetryConfig(attempts=200, backoff_base=0.01, backoff_max=0.2, deadline=60, request_timeout=10)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fetch_config(**kw) -> FetchConfig:
+    # requests of two blocks (128 KiB): many requests per shard, each a few tenths of a second when capped
+    return FetchConfig(**{"retry": FAST_RETRY, "durable": False, "hedge": False, "request_bytes": 2 * BLOCK, **kw})
+
+
+async def stage_all(engine: Engine, url: str):
+    dataset = await engine.open_dataset(SourceConfig(url))
+    await asyncio.gather(*(engine.ensure(dataset.ref(i), priority=float(i)) for i in range(len(dataset.manifest))))
+    return dataset
+
+
+# -- the controller's rules (a fake clock, samples as the gate reports them) -----------------------------
+
+
+def test_grows_while_each_request_keeps_its_speed_and_settles_when_the_link_is_full():
+    clock = FakeClock()
+    controller = ConcurrencyController(256, full_request=1 << 20, clock=clock)
+    assert controller.limit == INITIAL
+    per_connection, link = 8e6, 400e6  # bytes/s: the link holds 50 connections at full speed
+    for _ in range(2000):
+        in_flight = controller.limit
+        speed = min(per_connection, link / in_flight)
+        seconds = 0.04 + (1 << 20) / speed
+        clock.now += seconds / in_flight
+        controller.on_done(seconds, 1 << 20, saturated=True)
+    assert 45 <= controller.peak <= 256
+    assert 40 <= controller.limit <= 120  # near the 50 that fill the link, not the ceiling
+
+
+def test_stays_at_the_ceiling_and_never_grows_when_not_saturated():
+    controller = ConcurrencyController(24, full_request=1000, clock=FakeClock())
+    for _ in range(200):
+        controller.on_done(0.1, 1000, saturated=True)
+    assert controller.limit == 24
+    idle = ConcurrencyController(256, full_request=1000, clock=FakeClock())
+    for _ in range(200):
+        idle.on_done(0.1, 1000, saturated=False)
+    assert idle.limit == INITIAL
+
+
+def test_latency_alone_never_cuts_below_the_limit_of_the_best_throughput():
+    # a host whose CPU is the bottleneck: every request slows as more run, yet more of them move more bytes
+    clock = FakeClock()
+    controller = ConcurrencyController(256, full_request=1000, clock=clock)
+    for _ in range(400):
+        in_flight = controller.limit
+        seconds = 0.1 * (1 + in_flight / 16)  # slower and slower per request...
+        clock.now += seconds / in_flight
+        controller.count_bytes(1000, saturated=True)  # ...but throughput still rises with in_flight / (1 + in_flight / 16)
+        controller.on_done(seconds, 1000, saturated=True)
+    assert controller.limit > 2 * INITIAL
+
+
+def test_slow_start_grows_with_the_bytes_of_requests_still_in_flight():
+    controller = ConcurrencyController(256, full_request=8 << 20, clock=FakeClock())
+    for _ in range(16 * 4):  # a quarter of each of the first 16 requests has arrived, none has ended
+        controller.count_bytes(512 << 10, saturated=True)
+    assert controller.limit == 16 + 2 * 4  # two more per full request's worth of bytes
+    assert controller.count_bytes(1 << 20, saturated=False) == 24  # not saturated: no reason to grow
+
+
+def test_short_requests_do_not_count_as_latency():
+    controller = ConcurrencyController(256, full_request=1 << 20, clock=FakeClock())
+    for _ in range(100):
+        controller.on_done(0.1, 1 << 20, saturated=True)
+        controller.on_done(0.1, 4096, saturated=True)  # a tail request: mostly first-byte latency
+    assert controller.limit > 4 * INITIAL
+
+
+def test_throttling_halves_the_limit_once_per_round_trip_and_may_go_below_the_start():
+    clock = FakeClock()
+    throttled = 0
+    controller = ConcurrencyController(256, full_request=1000, throttled=lambda: throttled, clock=clock)
+    for _ in range(24):  # slow start: two more per finished request
+        clock.now += 0.01
+        controller.on_done(0.1, 1000, saturated=True)
+    assert controller.limit == 64
+    throttled += 5  # a burst of SlowDowns seen by the retry policy
+    assert controller.on_done(0.1, 1000, saturated=True) == 32
+    throttled += 5
+    assert controller.on_throttle() == 32  # same round trip: not cut again
+    clock.now += 1.0
+    throttled += 1
+    assert controller.on_throttle() == 16
+    clock.now += 1.0
+    throttled += 1
+    assert controller.on_throttle() == 8  # below the start: the origin asked for it
+    assert controller.throttle_cuts == 3 and not controller.slow_start
+
+
+def test_memory_bounds_the_ceiling():
+    assert memory_ceiling(256, 8 << 20, budget=256 << 20) == 64
+    assert memory_ceiling(256, 128 << 10, budget=256 << 20) == 256  # small requests hold less
+    assert memory_ceiling(8, 8 << 20) == 8
+    assert memory_ceiling(4096, 1 << 30, budget=1 << 20) == 1
+
+
+async def test_urgent_waiters_enter_first_while_the_controller_moves_the_limit():
+    controller = ConcurrencyController(64, initial=2, full_request=1)
+    gate = PriorityGate(2, controller=controller)
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with gate.slot(0, nbytes=10):
+            await release.wait()
+
+    async def worker(name: str, priority: float) -> None:
+        async with gate.slot(priority, nbytes=10):
+            order.append(name)
+            if name == "urgent":
+                gate.set_limit(8)  # as the controller would: several waiters enter at once
+            await asyncio.sleep(0.001)
+
+    holders = [asyncio.create_task(holder()) for _ in range(2)]
+    await asyncio.sleep(0)
+    far = [asyncio.create_task(worker(f"far{i}", 10 + i)) for i in range(20)]
+    await asyncio.sleep(0)
+    urgent = asyncio.create_task(worker("urgent", -1))
+    await asyncio.sleep(0)
+    assert gate.waiting == 21
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*holders, *far, urgent), 10)
+    assert order[0] == "urgent" and order[1:] == [f"far{i}" for i in range(20)]
+    assert gate.peak_holders >= 3 and gate.holders == 0
+
+
+async def test_hold_all_freezes_the_limit_and_takes_every_slot():
+    controller = ConcurrencyController(64, initial=4, full_request=1)
+    gate = PriorityGate(4, controller=controller)
+    await asyncio.wait_for(gate.hold_all(), 5)
+    assert gate.holders == 4
+    gate.set_limit(40)
+    assert gate.limit == 4
+    waiter = asyncio.create_task(gate.acquire())
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+
+
+# -- the engine against the object-store origin ---------------------------------------------------------
+
+
+async def test_per_connection_cap_makes_the_engine_open_four_times_the_initial_requests(
+        http_origin, fault_proxy, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=64)
+    # each response capped (a real store's connection), some first-byte latency; the link itself is not
+    proxy = fault_proxy(http_origin, FaultPlan(latency_s=0.02, jitter_s=0.005, connection_bps=500_000))
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=256 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            initial = engine.gate.limit
+            assert initial == INITIAL
+            await asyncio.wait_for(stage_all(engine, f"{proxy.url}/corpus"), 90)
+            stats = engine.stats.as_dict()
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+    assert engine.concurrency.peak >= 4 * initial
+    assert proxy.peak_in_flight >= 4 * initial  # really on the wire, not only the controller's number
+    assert stats["concurrency_peak"] >= 4 * initial and stats["concurrency"] >= 1
+    assert stats["throughput_bps"] > 0
+
+
+async def test_slowdown_makes_the_engine_back_off(http_origin, fault_proxy, tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=40)
+    proxy = fault_proxy(http_origin, FaultPlan(latency_s=0.005, rate_limit_rps=150.0, rate_limit_burst=10.0))
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=256 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            proxy.reset_peak()
+            staging = asyncio.ensure_future(asyncio.gather(
+                *(engine.ensure(dataset.ref(i), priority=float(i)) for i in range(len(manifest)))))
+            in_flight_after_cut: list[int] = []
+            for _ in range(3000):  # bounded: ~30 s of 10 ms looks
+                if staging.done():
+                    break
+                await asyncio.sleep(0.01)
+                if engine.concurrency.throttle_cuts >= 2:
+                    in_flight_after_cut.append(proxy.in_flight)
+            await asyncio.wait_for(staging, 60)
+            limit_after = engine.gate.limit
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+    slowdowns = proxy.faults.get("rate_limit", 0)
+    served = proxy.requests - slowdowns
+    assert slowdowns > 0 and engine.origin_stats.throttled == slowdowns
+    assert engine.concurrency.throttle_cuts >= 2
+    assert limit_after < INITIAL  # below the start: only SlowDown can do that
+    assert in_flight_after_cut and min(in_flight_after_cut) < INITIAL
+    assert slowdowns <= served  # bounded: at most one refusal per request served
+
+
+async def test_an_urgent_block_overtakes_prefetch_with_the_controller_active(http_origin, fault_proxy, tmp_path):
+    root = http_origin.root / "corpus"
+    manifest = make_corpus(root, shards=40)
+    proxy = fault_proxy(http_origin, FaultPlan(latency_s=0.02, connection_bps=500_000))
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=256 << 20)) as cache:
+        async with Engine(cache, fetch_config(request_bytes=BLOCK)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            whole = [asyncio.ensure_future(engine.ensure(dataset.ref(i), priority=float(10 + i)))
+                     for i in range(len(manifest) - 1)]
+            for _ in range(500):  # bounded: until the gate is full and a queue formed
+                if engine.gate.waiting > engine.gate.limit:
+                    break
+                await asyncio.sleep(0.01)
+            assert engine.gate.waiting > engine.gate.limit
+            last = dataset.ref(len(manifest) - 1)
+            data = await asyncio.wait_for(engine.read_block(last, 0), 20)
+            assert data == (root / last.path).read_bytes()[:BLOCK]
+            # it went ahead of the queue: most prefetched blobs are still being fetched
+            assert sum(not w.done() for w in whole) >= len(whole) // 2
+            await asyncio.wait_for(asyncio.gather(*whole), 90)
