@@ -248,7 +248,7 @@ class Engine:
     def _count_for_concurrency(self, _ref: BlobRef, nbytes: int) -> None:
         """Throughput (and slow start's growth) as the verified bytes arrive."""
         gate = self.gate
-        self.gate.set_limit(self.concurrency.count_bytes(nbytes, gate.holders >= gate.limit or gate.waiting > 0))
+        gate.set_limit(self.concurrency.count_bytes(nbytes, gate.holders >= gate.limit or gate.waiting > 0))
 
     def _gauges(self) -> dict[str, float]:
         return {"concurrency": self.gate.limit, "concurrency_peak": self.concurrency.peak,
