@@ -42,7 +42,7 @@ from typing import Callable
 from stager import session as stager_session
 from stager.cache import CacheTier
 from stager.config import CacheConfig, FetchConfig, SourceConfig
-from stager.errors import StagerError
+from stager.errors import MountError, StagerError
 from stager.session import Session
 
 from .readahead import ReadAhead, ReadAheadConfig
@@ -54,10 +54,6 @@ FUSE_DEVICE = "/dev/fuse"
 FSNAME = "stager"  # the mount's source in /proc/mounts is "stager:PID"
 READY_TIMEOUT = 600.0  # seconds a background mount may take to load its manifest and mount
 EXIT_TIMEOUT = 30.0  # seconds ``unmount`` waits for the mount's process to finish
-
-
-class MountError(StagerError, OSError):
-    """FUSE cannot work here, or the mount point cannot be used or unmounted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +323,7 @@ def _read_report(fd: int, timeout: float) -> str | None:
 
 def background_main(report_fd: int, log_level: int = logging.INFO) -> int:
     """The mount process started by :func:`mount_in_background` (``python -m stager.fuse FD [LOG_LEVEL]``)."""
-    from stager.cli.progress import run_async
+    from stager.event_loop import run_async
 
     config: MountConfig = pickle.loads(sys.stdin.buffer.read())
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)

@@ -26,10 +26,11 @@ from ..cache.reserve import IndexReserve
 from ..cache.verify import scrub
 from ..config import CacheConfig
 from ..errors import DiskFull, StagerError
+from ..event_loop import run_async
+from ..progress import stderr_console
 from . import cli
 from .cache_options import cache_config, cache_flags
 from .options import SHARE, Capacity
-from .progress import run_async, stderr_console
 
 log = logging.getLogger(__name__)
 
