@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -146,15 +145,11 @@ def _verify_on_full_disk(config: CacheConfig, sample: float | None) -> VerifyRep
 
 def _daemon_status(config: CacheConfig, socket_path: str | None) -> dict[str, Any] | None:
     """The daemon's status if one answers on the socket and serves this cache directory."""
-    from ..daemon import DaemonClient, default_socket_path, probe
+    from ..daemon_client import DaemonClient, default_socket_path, probe, same_cache
 
     path = Path(socket_path).expanduser() if socket_path else default_socket_path()
     health = probe(path)
-    try:
-        st = os.stat(config.directory)
-    except OSError:
-        return None
-    if health is None or (health.get("cache_dev"), health.get("cache_ino")) != (st.st_dev, st.st_ino):
+    if health is None or not same_cache(health, config.directory):
         return None
 
     async def ask() -> dict[str, Any]:

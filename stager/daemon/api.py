@@ -54,7 +54,7 @@ from ..errors import AccessDenied, ShardNotFound, StagerError
 from ..hashing import block_range
 from . import schema
 from .metrics import CONTENT_TYPE
-from .protocol import (API, API_VERSION, CONSUMER_KEY_HEADER, INSTANCE_HEADER, PENDING, DaemonRequestError,
+from ..daemon_client.protocol import (API, API_VERSION, CONSUMER_KEY_HEADER, INSTANCE_HEADER, PENDING, DaemonRequestError,
                        DaemonUnavailable, error_body, error_status)
 
 if TYPE_CHECKING:

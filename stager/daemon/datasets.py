@@ -44,7 +44,7 @@ from ..engine import Dataset, Engine
 from ..errors import StagerError
 from ..manifest import Manifest
 from .identity import SourceIdentities
-from .protocol import ManifestVersionGone, manifest_fingerprint
+from ..daemon_client.protocol import ManifestVersionGone, manifest_fingerprint
 
 log = logging.getLogger(__name__)
 

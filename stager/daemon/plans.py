@@ -34,7 +34,7 @@ import numpy as np
 
 from ..cache.liveness import ProcessIdentity, boot_id, is_alive, process_start
 from ..engine import Dataset, Engine, Plan
-from .protocol import ConsumerKeyMismatch, UnknownPlan
+from ..daemon_client.protocol import ConsumerKeyMismatch, UnknownPlan
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from stager.config import FetchConfig, RetryConfig, SourceConfig
-from stager.daemon import DaemonUnavailable, manifest_fingerprint
-from stager.daemon.client import DaemonClient
-from stager.daemon.protocol import CONSUMER_KEY_HEADER
-from stager.errors import ManifestError, OriginUnavailable, ShardNotFound
+from stager.daemon_client import manifest_fingerprint
+from stager.daemon_client.client import DaemonClient
+from stager.daemon_client.protocol import CONSUMER_KEY_HEADER
+from stager.errors import DaemonUnavailable, ManifestError, OriginUnavailable, ShardNotFound
 from tests.daemon.node import CONSUMER_KEY
 
 PLAN = "/v1/consumers/c1/plans/p1"

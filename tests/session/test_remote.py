@@ -15,7 +15,7 @@ import pytest
 
 from stager.cache import CacheTier
 from stager.config import CacheConfig, FetchConfig, SourceConfig
-from stager.daemon import DaemonUnavailable
+from stager.errors import DaemonUnavailable
 from stager.errors import ConfigError, DaemonError, ManifestError
 from stager.session import EmbeddedSession, RemoteSession, open_session
 from tests.daemon.node import corpus, node  # noqa: F401  (fixtures)
@@ -215,7 +215,7 @@ async def test_advances_in_a_burst_are_folded_into_few_requests(node):
     session = node.session()
     dataset = await session.open_dataset(SourceConfig(node.proxy.url))
     plan = await session.plan(dataset, [i % 8 for i in range(200)])
-    client = session._client()
+    client = session.daemon.client()
     sent = []
     request = client.request
 
