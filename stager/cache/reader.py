@@ -225,9 +225,9 @@ class VerifiedReads:
         """
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise
         except OSError as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise  # evicted or dropped meanwhile: the caller asks again
             raise os_error(exc, f"opening blob {digest}") from exc
         try:
             st = os.fstat(fd)

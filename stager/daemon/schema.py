@@ -21,8 +21,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..config import SourceConfig
-from ..store.base import split_protocol
 from ..daemon_client.protocol import DaemonRequestError
+from ..store.base import split_protocol
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
 _FINGERPRINT_RE = re.compile(r"[0-9a-f]{32}")
