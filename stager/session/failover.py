@@ -40,9 +40,9 @@ from ..errors import (ConfigError, ConsumerKeyMismatch, DaemonError, DaemonUnava
                       StagerError)
 from ..manifest import Manifest
 from .base import DatasetHandle, PlanHandle, Session
-from .embedded import EmbeddedSession
+from .embedded import EmbeddedPlan, EmbeddedSession
 from .local_manifest import absolute_source, load_own_manifest
-from .remote import POLL_TIMEOUT, DaemonSession, block_span, checked_order
+from .remote import POLL_TIMEOUT, DaemonSession, block_span
 from .remote_plan import DaemonDataset, DaemonPlan
 
 log = logging.getLogger(__name__)
@@ -67,15 +67,11 @@ class FailoverDataset(DatasetHandle):
 class FailoverPlan(PlanHandle):
     """A plan held by the daemon, moved to the embedded engine at its cursor after a fallback."""
 
-    def __init__(self, session: "RemoteSession", dataset: FailoverDataset, order: np.ndarray | None,
-                 window_bytes: int | None, name: str | None) -> None:
+    def __init__(self, session: "RemoteSession", dataset: FailoverDataset) -> None:
         self._session = session
         self.dataset = dataset
-        self.order = order
-        self.window_bytes = window_bytes
-        self.name = name
         self.remote: DaemonPlan | None = None
-        self.embedded: PlanHandle | None = None
+        self.embedded: EmbeddedPlan | None = None
         self.cursor = 0
         self.closed = False
 
@@ -85,7 +81,7 @@ class FailoverPlan(PlanHandle):
         return self.remote.id if self.remote is not None else None
 
     def __len__(self) -> int:
-        return len(self.order) if self.order is not None else len(self.dataset.manifest)
+        return len(self.remote) if self.remote is not None else len(self._embedded())
 
     async def ready(self, position: int) -> Path:
         """See :meth:`PlanHandle.ready`; also ``DaemonError``: the daemon is gone and the session may not
@@ -127,7 +123,7 @@ class FailoverPlan(PlanHandle):
         assert self.remote is not None
         return self.remote
 
-    def _embedded(self) -> PlanHandle:
+    def _embedded(self) -> EmbeddedPlan:
         assert self.embedded is not None
         return self.embedded
 
@@ -229,18 +225,20 @@ class RemoteSession(Session):
         """
         if not isinstance(dataset, FailoverDataset):
             raise TypeError("the dataset was not opened by this session")
-        plan = FailoverPlan(self, dataset, checked_order(order, len(dataset.manifest)), window_bytes, name)
+        plan = FailoverPlan(self, dataset)
 
-        async def remote() -> PlanHandle:
+        async def remote() -> PlanHandle:  # the order is checked (and made an array) there
             assert dataset.remote is not None
-            plan.remote = await self.daemon.plan(dataset.remote, plan.order, window_bytes=window_bytes, name=name)
+            plan.remote = await self.daemon.plan(dataset.remote, order, window_bytes=window_bytes, name=name)
             self.plans.add(plan)
             self._start_heartbeat()
             return plan
 
-        async def embedded() -> PlanHandle:
+        async def embedded() -> PlanHandle:  # ... or by the engine
             assert self._embedded is not None
-            await self._move_plan(plan, self._embedded)
+            if dataset.embedded is None:
+                dataset.embedded = await self._embedded.open_dataset(dataset.source, dataset.manifest)
+            plan.embedded = await self._embedded.plan(dataset.embedded, order, window_bytes=window_bytes, name=name)
             self.plans.add(plan)
             return plan
 
@@ -384,11 +382,13 @@ class RemoteSession(Session):
         self._embedded = engine
 
     async def _move_plan(self, plan: FailoverPlan, engine: EmbeddedSession) -> None:
-        dataset = plan.dataset
+        dataset, remote = plan.dataset, plan.remote
+        if remote is None or plan.embedded is not None:
+            return
         if dataset.embedded is None:
             dataset.embedded = await engine.open_dataset(dataset.source, dataset.manifest)
-        plan.embedded = await engine.plan(dataset.embedded, plan.order, window_bytes=plan.window_bytes,
-                                          name=plan.name)
+        plan.embedded = await engine.plan(dataset.embedded, remote.order, window_bytes=remote.window_bytes,
+                                          name=remote.name)
         if plan.cursor:
             await plan.embedded.advance(plan.cursor)
 
