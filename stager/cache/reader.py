@@ -369,8 +369,7 @@ class BlockReads:
             st = os.fstat(fd)
         finally:
             os.close(fd)
-        self._corrupt(digest, "")
-        self._tier().drop_corrupt(digest, (st.st_dev, st.st_ino))
+        self.drop(digest, (st.st_dev, st.st_ino))
         return None
 
     def read_verified(self, digest: str, block: int, expected: int) -> bytes | None:
@@ -392,8 +391,7 @@ class BlockReads:
             return None
         finally:
             handle.close()
-        self._corrupt(digest, f" block {block}")
-        tier.drop_corrupt(digest, (st.st_dev, st.st_ino), bad)
+        self.drop(digest, (st.st_dev, st.st_ino), bad, where=f" block {block}")
         return None
 
     async def read(self, digest: str, block: int, start: int, end: int, expected: int,
@@ -430,7 +428,10 @@ class BlockReads:
         raise CacheError(f"{what} kept being evicted from the cache before it could be read; "
                          "the cache is too small for its readers")
 
-    def _corrupt(self, digest: str, where: str) -> None:
+    def drop(self, digest: str, identity: FileIdentity, blocks: list[int] | None = None, *, where: str = "") -> None:
+        """Bytes of the file ``identity`` no longer match their digest: drop the blob (or those ``blocks`` of
+        a partial one) through the cache's API, so they are fetched again (blocking: call in a thread)."""
         log.warning("blob %s%s changed on the cache disk since it was verified; dropping it", digest, where)
         if self._on_corrupt is not None:
             self._on_corrupt(digest)
+        self._tier().drop_corrupt(digest, identity, blocks)

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..cache import CacheTier
 from ..cache.layout import CacheLayout
-from ..cache.reader import VerifiedReads
+from ..cache.reader import BlockReads, VerifiedReads
 from ..config import SourceConfig
 from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
 from ..manifest import Manifest
@@ -103,6 +103,7 @@ class TokenIterator:
         self.wrap_batch: Callable[[np.ndarray], Any] | None = None
         self._last_log = time.monotonic()
         self._cache_layout = CacheLayout(self.cache_config.directory)
+        self._blocks: BlockReads | None = None  # the cache reader's probe and drop, made on first use
         self._reads: VerifiedReads | None = None  # files checked by this process, made on first use
         self._cache: CacheTier | None = None  # opened only to drop a blob found bad on disk
         self._check_capacity()
@@ -322,9 +323,10 @@ class TokenIterator:
     def _open(self, link: StagingLink, shard: int, position: int) -> np.ndarray:
         m = self.manifest
         name = m.paths[shard]
-        reader = reader_for(name, token_column=self.config.token_column, layout=m.layouts[shard], column=m.columns[shard])
-        complete = self._cache_layout.complete_path(m.digest(shard))
-        if complete.exists():
+        reader = reader_for(name, token_column=self.config.token_column, layout=m.layouts[shard],
+                            column=m.columns[shard])
+        complete = self._block_reads().complete(m.digest(shard))
+        if complete is not None:
             # Staged already (a complete file exists only after its verified rename): read it
             # without asking the engine, which would only answer with this path, a thread hop
             # later. Gone since (dropped by a repair), changed on disk (dropped here) or
@@ -371,12 +373,15 @@ class TokenIterator:
             data, _ = self._verified_reads().map_blob(path, digest, int(m.sizes[shard]))
         except CacheCorrupt as exc:
             self._stats.corrupt_blobs += 1
-            log.warning("%s/%s: the cached copy changed on disk since it was verified; dropping it, "
-                        "to be fetched again", self.source.url, m.paths[shard])
             if exc.identity is not None:
-                self._cache_view().drop_corrupt(digest, exc.identity)
+                self._block_reads().drop(digest, exc.identity, where=f" ({self.source.url}/{m.paths[shard]})")
             raise
         return data
+
+    def _block_reads(self) -> BlockReads:
+        if self._blocks is None:
+            self._blocks = BlockReads(self._cache_layout.complete_path, self._cache_view)
+        return self._blocks
 
     def _verified_reads(self) -> VerifiedReads:
         if self._reads is None:
@@ -482,5 +487,5 @@ class TokenIterator:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # A copy stages through its own session, and checks files and opens the cache in its own process.
-        state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None, _reads=None, _cache=None)
+        state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None, _reads=None, _cache=None, _blocks=None)
         return state
