@@ -175,16 +175,6 @@ class RemoteSession(Session):
         """This consumer's id at the daemon."""
         return self.daemon.consumer_id
 
-    @property
-    def polls(self) -> int:
-        """Readiness long-polls sent to the daemon."""
-        return self.daemon.polls
-
-    @property
-    def reregistrations(self) -> int:
-        """Plans registered again with a daemon that had lost them."""
-        return self.daemon.reregistrations
-
     # -- Session ---------------------------------------------------------------------------------
 
     async def open_dataset(self, source: SourceConfig, manifest: Manifest | None = None) -> DatasetHandle:

@@ -113,7 +113,7 @@ async def test_a_consumer_dropped_for_silence_registers_again_on_its_next_call(n
     assert daemon.registry.consumers == [], "the reaper dropped the silent consumer"
     assert (await plan.ready(0)).read_bytes() == _original(node, 3)
     await plan.advance(1)  # the daemon no longer knows the plan: it is registered again, at the cursor
-    assert session.reregistrations == 1
+    assert session.daemon.reregistrations == 1
     (registered,) = daemon.registry.plans()
     assert registered.plan.cursor == 1
 
