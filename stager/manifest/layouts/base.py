@@ -15,6 +15,7 @@ import abc
 import json
 import posixpath
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ...errors import ManifestError
 
@@ -70,6 +71,9 @@ class DatasetLayout(abc.ABC):
         """
 
 
+_Indexed = TypeVar("_Indexed", bound="IndexedLayout")
+
+
 class IndexedLayout(DatasetLayout):
     """A layout whose ``index.json`` files list its data files (LitData, MDS): each listed file is read
     by a probe made from its index entry while it is hashed, and described by what the probe found.
@@ -78,9 +82,24 @@ class IndexedLayout(DatasetLayout):
     layout's probe needs); subclasses say how a probe is made (:meth:`make_probe`).
     """
 
+    title: str = ""  # the layout's name in messages ("MDS")
+
     def __init__(self, root: str, entries: dict[str, tuple[str, dict, object]]) -> None:
         self.root = root
         self.entries = entries
+
+    @classmethod
+    def found(cls: type[_Indexed], root: str, entries: dict, required: bool) -> _Indexed | None:
+        """The layout of the files its indexes list under ``root``; None if there are none.
+
+        Raises:
+            ManifestError: none, and the layout was asked for (``--format``).
+        """
+        if not entries:
+            if required:
+                raise ManifestError(f"{root}: --format {cls.name}, but there is no {cls.title} index.json")
+            return None
+        return cls(root, entries)
 
     def claims(self, path: str) -> bool:
         return path in self.entries

@@ -84,6 +84,7 @@ class LitDataLayout(IndexedLayout):
     """The chunks listed by each LitData ``index.json`` of a listing."""
 
     name = "litdata"
+    title = "LitData"
 
     def make_probe(self, name: str, index_name: str, entry: dict, extra: object) -> Probe:
         return ChunkProbe(name, index_name, entry, str(extra))  # extra: the chunk's dtype
@@ -127,8 +128,4 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
                 chunks[path] = (index, chunk, dtype)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{name}: not a LitData index (missing or bad {exc})") from exc
-    if not chunks:
-        if required:
-            raise ManifestError(f"{root}: --format litdata, but there is no LitData index.json")
-        return None
-    return LitDataLayout(root, chunks)
+    return LitDataLayout.found(root, chunks, required)

@@ -188,6 +188,7 @@ class MdsLayout(IndexedLayout):
     """The shards listed by each MDS ``index.json`` of a listing."""
 
     name = "mds"
+    title = "MDS"
 
     def make_probe(self, name: str, index_name: str, entry: dict, extra: object) -> Probe:
         assert isinstance(extra, TokenColumn)
@@ -229,8 +230,4 @@ async def find(store, sizes: dict[str, int], column: str | None, required: bool)
             if isinstance(exc, ManifestError):
                 raise
             raise ManifestError(f"{name}: not an MDS index (missing or bad {exc})") from exc
-    if not shards:
-        if required:
-            raise ManifestError(f"{root}: --format mds, but there is no MDS index.json")
-        return None
-    return MdsLayout(root, shards)
+    return MdsLayout.found(root, shards, required)
