@@ -36,10 +36,12 @@ the standard library can still catch it (``except FileNotFoundError``)::
     ├── JournalError (OSError)              replicate's journal database cannot be opened or written
     └── MountError (OSError)                FUSE cannot work here, or the mount point cannot be used
 
-Outside the tree, because nothing reports them: signals inside one layer that
-never leave it (the store's HTTP client's ``ProtocolError`` and ``RedirectLoop``,
-translated at the store's edge; ``DirectRefused`` in the cache's direct writes),
-and :class:`S3ServerError` of the test origins in ``stager.testing``.
+Outside the tree: :class:`S3ServerError` (a ``RuntimeError``, defined here
+too), raised by the test origins of ``stager.testing`` when the test harness
+itself fails, not stager; and signals that never leave the module raising them
+(the store's HTTP client's ``ProtocolError`` and ``RedirectLoop`` and the retry
+loop's ``_AttemptTimedOut``, all translated at the store's edge; ``DirectRefused``
+in the cache's direct writes).
 
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
 the store's and the cache's edge, with ``raise ... from exc``. Only the CLI turns
