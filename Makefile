@@ -19,8 +19,9 @@ PYTEST_ARGS ?=
 demo: $(STAMP)
 	$(BIN)/stager demo
 
+# One worker per core, a test file's tests on one worker (see tests/conftest.py).
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n auto --dist loadgroup $(PYTEST_ARGS)
 
 bootstrap: $(STAMP)
 
