@@ -20,7 +20,9 @@ the standard library can still catch it (``except FileNotFoundError``)::
     │   │   └── DiskFull                    the disk holding the cache has no room (ENOSPC): not waited for
     │   ├── BlobTooLarge                    a blob larger than the whole capacity
     │   └── CacheCorrupt                    bytes on the cache disk that no longer match their digest
-    └── DaemonError (ConnectionError)       the node daemon's socket or API
+    ├── DaemonError (ConnectionError)       the node daemon's socket or API
+    └── BlobSourceError (ConnectionError)   a source of blob bytes other than the origin: the next is tried
+        └── PeerError                       another node's cache could not serve the blocks
 
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
 the store's and the cache's edge, with ``raise ... from exc``. Only the CLI turns
@@ -127,6 +129,14 @@ class DaemonError(StagerError, ConnectionError):
     """The node daemon cannot be reached, or its API answered with an error."""
 
 
+class BlobSourceError(StagerError, ConnectionError):
+    """A source of a blob's bytes (see ``stager.engine.source``) cannot serve them: the engine tries the next."""
+
+
+class PeerError(BlobSourceError):
+    """Another node of the cluster could not serve a blob's blocks (down, refused, too slow)."""
+
+
 def leaf_errors(group: BaseException) -> list[BaseException]:
     """The errors inside ``group`` (nested groups flattened, in order); ``[group]`` if it is not a group."""
     if not isinstance(group, BaseExceptionGroup):
@@ -166,6 +176,7 @@ def group_message(group: BaseException) -> str | None:
 
 __all__ = [
     "AccessDenied",
+    "BlobSourceError",
     "BlobTooLarge",
     "CacheCorrupt",
     "CacheError",
@@ -178,6 +189,7 @@ __all__ = [
     "OriginChanged",
     "OriginError",
     "OriginUnavailable",
+    "PeerError",
     "ShardNotFound",
     "StagerError",
     "Throttled",
