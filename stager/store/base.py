@@ -9,10 +9,10 @@ and raises only :class:`~stager.errors.OriginError` subclasses.
 from __future__ import annotations
 
 import abc
-import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Mapping
 
+from ..aio import to_the_end
 from ..errors import OriginError, ShardNotFound
 from ..paths import BAD_PATH_PROBLEM, is_safe_path
 
@@ -59,17 +59,7 @@ async def feed_sink(sink: RangeSink, chunks: AsyncIterator[bytes]) -> None:
             await sink.write(chunk)
         await sink.close()
     except BaseException:
-        await _to_the_end(sink.abort())
-        raise
-
-
-async def _to_the_end(awaitable: Awaitable[None]) -> None:
-    """Await ``awaitable`` to its end even if the caller is cancelled meanwhile (cancellation then re-raised)."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
+        await to_the_end(sink.abort())
         raise
 
 
