@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..config import FetchConfig, SourceConfig
 from ..manifest import Manifest, load_manifest
-from ..store import OriginStats, Store, open_store
+from ..store import OriginStats, Store, StoreOptions, open_store
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +47,8 @@ class Dataset:
             ManifestError: no manifest, or an invalid one.
             OriginError: the origin cannot be read.
         """
-        store = open_store(source, retry=fetch.retry, bandwidth=fetch.bandwidth, stats=stats,
-                           concurrency=fetch.concurrency)
+        store = open_store(source, StoreOptions(retry=fetch.retry, bandwidth=fetch.bandwidth, stats=stats,
+                                                concurrency=fetch.concurrency))
         try:
             if manifest is None:
                 manifest = await load_manifest(store)

@@ -26,12 +26,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import RetryConfig
 from ..errors import ShardNotFound, TransientOriginError
-from .bandwidth import BandwidthLimiter
 from .base import (Check, InvalidRange, ObjectInfo, Store, Upload, run_check, split_protocol, validate_path,
                    validate_range)
 from .parts import PartLedger
-from .retry import RetryPolicy
-from .stats import OriginStats
+from .options import StoreOptions
 from .translate import translated
 
 if TYPE_CHECKING:
@@ -64,32 +62,23 @@ class FsspecStore(Store):
     Args:
         url: ``protocol://bucket/prefix``.
         storage_options: passed to the filesystem (endpoint, credentials, ...).
-        retry, bandwidth, stats, concurrency: see :func:`stager.store.open_store`.
+        options: retry, bandwidth, stats and concurrency (see :class:`~stager.store.options.StoreOptions`).
     """
 
-    def __init__(
-        self,
-        url: str,
-        storage_options: Mapping[str, Any] | None = None,
-        *,
-        retry: RetryConfig | None = None,
-        bandwidth: BandwidthLimiter | None = None,
-        stats: OriginStats | None = None,
-        concurrency: int = 16,
-    ) -> None:
-        retry = retry or RetryConfig()
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
+                 options: StoreOptions = StoreOptions()) -> None:
+        concurrency = options.concurrency
         protocol, _ = split_protocol(url)
         self.protocol = protocol or "file"
         self._options = dict(storage_options or {})
         if self.protocol in S3_PROTOCOLS:
-            self._options = s3fs_options(self._options, retry, concurrency)
+            self._options = s3fs_options(self._options, options.retry_config, concurrency)
         self._fs: fsspec.AbstractFileSystem | None = None
         self._async = self._filesystem_is_async()
         self.root = self._strip_protocol(url)
         self._url = f"{self.protocol}://{self.root}"
-        self.stats = stats if stats is not None else OriginStats()
-        self.retry = RetryPolicy(retry, stats=self.stats, concurrency=concurrency)
-        self.bandwidth = bandwidth
+        self.options = options
+        self.stats, self.retry, self.bandwidth = options.machinery()
         self._executor = (
             None if self._async else ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="stager-fsspec")
         )

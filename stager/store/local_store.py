@@ -20,13 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
 
-from ..config import RetryConfig
 from ..errors import ShardNotFound, TransientOriginError
-from .bandwidth import BandwidthLimiter
 from .base import Check, InvalidRange, ObjectInfo, Store, Upload, run_check, validate_path, validate_range
 from .parts import PartLedger
-from .retry import RetryPolicy
-from .stats import OriginStats
+from .options import StoreOptions
 from .translate import translated
 
 T = TypeVar("T")
@@ -50,29 +47,17 @@ class LocalStore(Store):
 
     Args:
         root: a directory path or ``file://`` URL; it need not exist before the first write.
-        retry: retry settings (default :class:`~stager.config.RetryConfig`).
-        bandwidth: an optional limiter shared by all reads and writes.
-        stats: counters to update.
-        concurrency: threads doing file I/O.
+        options: retry, bandwidth, stats and concurrency (the threads doing file I/O; see
+            :class:`~stager.store.options.StoreOptions`).
         durable: fsync files and directories on write (turn off only in tests).
     """
 
-    def __init__(
-        self,
-        root: str,
-        *,
-        retry: RetryConfig | None = None,
-        bandwidth: BandwidthLimiter | None = None,
-        stats: OriginStats | None = None,
-        concurrency: int = 16,
-        durable: bool = True,
-    ) -> None:
+    def __init__(self, root: str, *, options: StoreOptions = StoreOptions(), durable: bool = True) -> None:
         self.root = path_from_url(root)
-        self.stats = stats if stats is not None else OriginStats()
-        self.retry = RetryPolicy(retry, stats=self.stats, concurrency=concurrency)
-        self.bandwidth = bandwidth
+        self.options = options
+        self.stats, self.retry, self.bandwidth = options.machinery()
         self.durable = durable
-        self._executor = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="stager-local")
+        self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="stager-local")
 
     @property
     def url(self) -> str:

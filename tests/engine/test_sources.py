@@ -11,7 +11,7 @@ from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from stager.engine import Engine
 from stager.engine.source import BlobSource, OriginSource
 from stager.errors import PeerError
-from stager.store import LocalStore, RangeSink
+from stager.store import LocalStore, RangeSink, StoreOptions
 
 from .corpus import BLOCK, assert_cache_matches, make_corpus
 
@@ -26,7 +26,7 @@ class StoreSource(BlobSource):
     """A second copy of the dataset in a local store (standing where a peer will stand)."""
 
     def __init__(self, root: Path) -> None:
-        self.store = LocalStore(str(root), retry=FAST_RETRY)
+        self.store = LocalStore(str(root), options=StoreOptions(retry=FAST_RETRY))
         self.name = f"copy at {root.name}"
         self.reads = 0
 
