@@ -1,5 +1,6 @@
-"""Two asyncio habits of the core, in one place: awaiting work to its end through a cancellation,
-and retrieving a future's error that nobody else awaits.
+"""The asyncio habits of the core, in one place: awaiting work to its end through a cancellation,
+retrieving a future's error that nobody else awaits, waiting for an event with a timeout, and
+``async with`` for what has an async ``close()``.
 
 Work that runs in a thread (a block write, a sink's abort on its way to the
 disk) cannot be stopped by cancelling the task that waits for it; closing a
@@ -34,3 +35,26 @@ def retrieve(future: asyncio.Future) -> None:
     """A done-callback: take a failure nobody may await, so it is not logged as lost."""
     if not future.cancelled():
         future.exception()
+
+
+async def wait_until_set(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for ``event`` at most ``timeout`` seconds; whether it was set by then."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+class AsyncClosing:
+    """``async with thing:`` for an object with an async ``close()``: the end of the block closes it."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self: T) -> T:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -19,11 +19,12 @@ import time
 import weakref
 from pathlib import Path
 
+from ..diskio import fsync_dir
 from ..errors import CacheCorrupt, CacheError, ManifestError
 from .blob_index import BlobIndex
 from .direct import DirectWriter, open_direct
 from .fileio import os_error
-from .layout import CacheLayout, fsync_dir, make_shard_dir
+from .layout import CacheLayout, make_shard_dir
 from .partial import PartialBlob
 from .reader import file_digest, stamp_checked
 from .reconcile import disk_charge, repair_partial

@@ -16,7 +16,11 @@ from ..store import OriginStats, Store, StoreOptions, open_store
 
 @dataclass(frozen=True, slots=True)
 class BlobRef:
-    """One blob to fetch: where it is at the origin and what its bytes must hash to."""
+    """One blob to fetch: where it is at the origin and what its bytes must hash to.
+
+    ``blocks`` are the xxh3-64 digests of its blocks of ``block_size`` bytes
+    (the last may be shorter); ``dataset`` is where it comes from (not compared).
+    """
 
     digest: str
     size: int

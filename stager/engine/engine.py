@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..aio import AsyncClosing, wait_until_set
 from ..cache import BlobState, CacheTier
 from ..cache.fileio import pread_exact
 from ..config import FetchConfig, SourceConfig
@@ -65,7 +66,7 @@ def _read_file_range(path: Path, start: int, end: int) -> tuple[bytes, tuple[int
         os.close(fd)
 
 
-class Engine:
+class Engine(AsyncClosing):
     """Fetches blobs for plans into a cache tier. Use as ``async with Engine(cache) as engine``."""
 
     def __init__(self, cache: CacheTier, config: FetchConfig = FetchConfig(), *,
@@ -93,20 +94,6 @@ class Engine:
         self._datasets: dict[str, Dataset] = {}
         self._closed = False
         self._room = asyncio.Event()  # set whenever room may have been made: a job ended, a plan moved on
-
-    @property
-    def sources(self) -> BlobSources:
-        return self.context.sources
-
-    @property
-    def latency(self) -> LatencyTracker:
-        return self.context.latency
-
-    async def __aenter__(self) -> "Engine":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.close()
 
     # -- datasets and plans -------------------------------------------------
 
@@ -250,11 +237,7 @@ class Engine:
     async def wait_for_room(self, timeout: float) -> None:
         """Return once a fetch ends or a consumer moves on (either may free cache room), or after ``timeout``."""
         self._room.clear()
-        try:
-            async with asyncio.timeout(timeout):
-                await self._room.wait()
-        except TimeoutError:
-            pass
+        await wait_until_set(self._room, timeout)
 
     def _mark_consumed(self, digests: list[str], token: str) -> None:
         for digest in digests:

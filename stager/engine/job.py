@@ -39,7 +39,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from ..aio import retrieve
+from ..aio import retrieve, wait_until_set
 from ..cache import BlobState
 from ..errors import AccessDenied, CacheCorrupt, CacheError, ShardNotFound, StagerError
 from .span_fetch import SpanFetch
@@ -316,11 +316,7 @@ class BlobJob:
         """Only single blocks were wanted and all are served: keep the blob a moment for the next
         read; False once nothing was wanted for ``timeout`` seconds (the job then leaves the table)."""
         self._wake.clear()
-        try:
-            async with asyncio.timeout(timeout):
-                await self._wake.wait()
-        except TimeoutError:
-            pass
+        await wait_until_set(self._wake, timeout)
         if self._idle():
             self._detach()
             return False

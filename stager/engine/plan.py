@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
+from ..aio import wait_until_set
 from ..cache import BlobState
 from ..errors import CacheFull, DiskFull, StagerError
 
@@ -181,11 +182,7 @@ class Plan:
                 task.cancel()
 
     async def _wait_moved(self, timeout: float) -> None:
-        try:
-            async with asyncio.timeout(timeout):
-                await self._moved.wait()
-        except TimeoutError:
-            pass
+        await wait_until_set(self._moved, timeout)
 
     async def close(self) -> None:
         if self._task is not None:

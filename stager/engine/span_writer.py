@@ -54,13 +54,9 @@ class SpanWriter(RangeSink):
 
     def __init__(self, disk: "DiskThreads", partial: "PartialBlob", ref: "BlobRef", first: int, last: int, *,
                  durable: bool, corrupt: Callable[[int], CorruptData], verified: Callable[[int, int], None]) -> None:
-        self._disk = disk
-        self._partial = partial
-        self._ref = ref
-        self._last = last
-        self._corrupt = corrupt
-        self._verified = verified
-        self._durable = durable
+        self._disk, self._durable = disk, durable
+        self._partial, self._ref, self._last = partial, ref, last
+        self._corrupt, self._verified = corrupt, verified  # what a bad block raises; what a recorded one tells
         self._writes: deque[asyncio.Future[None]] = deque()  # every write in flight, oldest first
         self._finishing: list[asyncio.Future[None]] = []  # blocks being recorded
         self._batch: list[memoryview] = []

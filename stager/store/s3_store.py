@@ -174,8 +174,7 @@ class S3Store(SignedHttpStore, FsspecStore):
         bucket, key = self._bucket_key(path)
 
         async def attempt() -> None:
-            if self.bandwidth is not None:
-                await self.bandwidth.acquire(len(data))
+            await self._pace(len(data))
             signer = await self._get_signer()
             url, headers = await signer.sign("PUT", bucket, key, {}, unsigned_payload=True)
             await _put(self.session, url, headers, data, path)
@@ -297,8 +296,7 @@ class S3Upload(Upload):
         query = f"partNumber={part_number}&uploadId={quote(upload_id, safe='')}"
 
         async def attempt() -> str:
-            if store.bandwidth is not None:
-                await store.bandwidth.acquire(len(data))
+            await store._pace(len(data))
             signer = await store._get_signer()
             url, headers = await signer.sign("PUT", self._bucket, self._key, {}, query=query, unsigned_payload=True)
             etag = await _put(store.session, url, headers, data, what)

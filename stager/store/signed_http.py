@@ -18,7 +18,7 @@ import abc
 from typing import Callable, Mapping
 
 from .bandwidth import BandwidthLimiter
-from .base import Check, RangeSink, Store, run_check, validate_path, validate_range
+from .base import Check, RangeSink, Store, validate_path, validate_range
 from .http_client import fetch_all, fetch_range, new_session, stream_range
 from .range_body import range_header
 from .retry import RetryPolicy
@@ -52,23 +52,13 @@ class SignedHttpStore(Store):
 
     async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
         validate_path(path)
-        validate_range(path, start, end)
-        what = f"{path} [{start}, {end})"
-        if start == end:
-            await self.info(path)  # still fail on a missing object
-            await run_check(check, b"")
-            return b""
 
-        async def attempt() -> bytes:
-            if self.bandwidth is not None:
-                await self.bandwidth.acquire(end - start)
+        async def get(what: str) -> bytes:
             url, headers = await self._sign("GET", path, {"Range": range_header(start, end)})
-            data = await fetch_range(self.session, url, headers, start, end, what, self.stats,
+            return await fetch_range(self.session, url, headers, start, end, what, self.stats,
                                      allow_redirects=self.follow_redirects)
-            await run_check(check, data)
-            return data
 
-        return await self.retry.run(attempt, what=what)
+        return await self._read_range_by(path, start, end, check, get)
 
     async def read_range_into(self, path: str, start: int, end: int, open_sink: Callable[[], RangeSink]) -> None:
         validate_path(path)
@@ -79,8 +69,7 @@ class SignedHttpStore(Store):
         what = f"{path} [{start}, {end})"
 
         async def attempt() -> None:
-            if self.bandwidth is not None:
-                await self.bandwidth.acquire(end - start)
+            await self._pace(end - start)
             url, headers = await self._sign("GET", path, {"Range": range_header(start, end)})
             await stream_range(self.session, url, headers, start, end, what, self.stats, open_sink,
                                allow_redirects=self.follow_redirects)
