@@ -1,5 +1,11 @@
 """The cache tier: one facade over the layout, the index, the locks, eviction and scrubbing.
 
+Its own job is the room: reserving a blob's size against the capacity and
+the disk (evicting what must go), and removing blobs. The files of blobs being
+filled and their commit are :mod:`.blob_files`'s, access times and the holds of
+live processes :mod:`.access`'s, the eviction order :mod:`.eviction`'s and the
+scrub :mod:`.verify`'s; the tier hands each the index and layout it needs.
+
 Synchronous by design (sqlite and file I/O); the async engine calls the slow
 methods (``begin``, ``write_block``, ``commit``, ``evict``, ``verify``) in a
 bounded thread pool. Every method is thread-safe, and several processes may
@@ -22,12 +28,13 @@ import xxhash
 from ..config import CacheConfig
 from ..errors import BlobTooLarge, CacheError, CacheFull, DiskFull
 from ..hashing import block_count
+from .access import AccessTimes, Holds
 from .blob_files import BlobFiles
 from .blob_index import BlobIndex, BlobRow, Candidate, pack_block_digests
 from .eviction import Rank, VictimQueue
 from .fileio import allocate, os_error
 from .layout import check_digest, check_digests, new_generation, open_layout
-from .liveness import ProcessIdentity, boot_id, current_process, is_alive
+from .liveness import boot_id
 from .locks import BlobLock, LockTable, sweep_lock_files
 from .partial import PartialBlob
 from .reconcile import ReconcileReport, reconcile, repair_partial
@@ -38,7 +45,6 @@ from .verify import scrub
 log = logging.getLogger(__name__)
 
 _BEGIN_ATTEMPTS = 4  # reserve, evict, retry: another process may take the room we freed
-_TOUCH_BATCH = 4096
 
 
 class CacheTier:
@@ -70,10 +76,7 @@ class CacheTier:
         self._index = BlobIndex(self._layout.index_path, busy_timeout=busy_timeout, reserve=self._reserve)
         self._closed = False
         self._locks = LockTable()
-        self._touch_lock = threading.Lock()
-        self._touches: dict[str, float] = {}
-        self._touch_interval = touch_interval
-        self._touch_flushed = time.monotonic()
+        self._access = AccessTimes(self._index, touch_interval)
         self._victims = VictimQueue()
         self._evictions_lock = threading.Lock()
         self.evicted_blobs = 0  # blobs (and their bytes) this instance evicted, for metrics
@@ -83,6 +86,7 @@ class CacheTier:
             st = os.statvfs(self.directory)
             self._unit = max(4096, st.f_frsize)
             self._boot = boot_id()
+            self._holds = Holds(self._index, self._boot)
             self._files = BlobFiles(self._index, self._layout, self._boot, direct_writes=config.direct_writes)
             self._reserve.ensure()
             self.last_reconcile: ReconcileReport | None = None
@@ -122,7 +126,7 @@ class CacheTier:
             self._reserve.sweep()
         except OSError as exc:
             raise os_error(exc, f"{self.directory}: sweeping half-made index reserves") from exc
-        report.dead_owners = self._drop_dead_owners()[1]
+        report.dead_owners = self._holds.drop_dead_owners()[1]
         return report
 
     def usage(self) -> CacheUsage:
@@ -148,8 +152,7 @@ class CacheTier:
             verified = frozenset(range(row.block_count))
         else:
             verified = frozenset(self._index.verified(digest))
-        with self._touch_lock:
-            last_access = max(row.last_access, self._touches.get(digest, 0.0))
+        last_access = self._access.last(digest, row.last_access)
         return BlobRecord(digest, row.state, row.size, row.block_size, row.block_count, verified, row.charged,
                           last_access, row.consumed, self._index.is_pinned(digest))
 
@@ -371,20 +374,7 @@ class CacheTier:
 
     def touch(self, digest: str) -> None:
         """Note that a blob was just read (buffered; written at most every ``touch_interval``)."""
-        now = time.time()
-        with self._touch_lock:
-            self._touches[digest] = now
-            due = len(self._touches) >= _TOUCH_BATCH or \
-                time.monotonic() - self._touch_flushed >= self._touch_interval
-        if due:
-            self._flush_touches()
-
-    def _flush_touches(self) -> None:
-        with self._touch_lock:
-            touches, self._touches = self._touches, {}
-            self._touch_flushed = time.monotonic()
-        if touches:
-            self._index.touch_many([(t, d) for d, t in touches.items()])
+        self._access.touch(digest)
 
     def mark_consumed(self, digest: str, token: str | int) -> None:
         """Record that every local consumer has read the blob in epoch (or plan round) ``token``."""
@@ -403,25 +393,11 @@ class CacheTier:
         ``owner_id`` must be unique to this process (e.g. include the pid);
         holds add up until :meth:`release`. A hold whose process died is ignored.
         """
-        me = current_process()
-        self._index.add_holds(owner_id, me.pid, me.start, me.boot, (check_digest(d) for d in digests))
+        self._holds.hold(owner_id, digests)
 
     def release(self, owner_id: str, digests: Iterable[str] | None = None) -> None:
         """Drop some (or all) of ``owner_id``'s holds."""
-        self._index.release_holds(owner_id, None if digests is None else list(digests))
-
-    def _drop_dead_owners(self) -> tuple[list[str], int]:
-        """The live owners' ids, and how many dead ones were removed with their holds."""
-        live, dead = [], []
-        for owner, pid, start, boot in self._index.owners():
-            (live if is_alive(ProcessIdentity(pid, start, boot), self._boot) else dead).append(owner)
-        if dead:
-            self._index.drop_owners(dead)
-        return live, len(dead)
-
-    def _held(self, digest: str) -> bool:
-        return any(is_alive(ProcessIdentity(pid, start, boot), self._boot)
-                   for _, pid, start, boot in self._index.owners_holding(digest))
+        self._holds.release(owner_id, digests)
 
     # -- eviction and removal -----------------------------------------------------------------
 
@@ -443,8 +419,8 @@ class CacheTier:
         """
         if nbytes_needed <= 0:
             return 0
-        self._flush_touches()
-        live, _ = self._drop_dead_owners()
+        self._access.flush()
+        live, _ = self._holds.drop_dead_owners()
         exclude = frozenset(protect) | self._index.held_by(live)
         freed = 0
         victims = self._victims
@@ -474,7 +450,7 @@ class CacheTier:
                 row = self._index.get(candidate.digest)
                 if row is None or row.gen != candidate.gen:
                     return 0
-                if self._index.is_pinned(row.digest) or self._held(row.digest):
+                if self._index.is_pinned(row.digest) or self._holds.is_held(row.digest):
                     return None
                 self._unlink_blob_file(row)
                 freed = self._index.delete_blob(row.digest)
@@ -581,7 +557,7 @@ class CacheTier:
             return
         self._closed = True
         try:
-            self._flush_touches()
+            self._access.flush()
         except CacheError:
             pass  # access times are hints
         self._files.close_all()
