@@ -21,8 +21,8 @@ the standard library can still catch it (``except FileNotFoundError``)::
     │   ├── BlobTooLarge                    a blob larger than the whole capacity
     │   └── CacheCorrupt                    bytes on the cache disk that no longer match their digest
     ├── DaemonError (ConnectionError)       the node daemon's socket or API
-    └── BlobSourceError (ConnectionError)   a source of blob bytes other than the origin: the next is tried
-        └── PeerError                       another node's cache could not serve the blocks
+    └── BlobSourceError (ConnectionError)   one place a blob's bytes come from failed (the next is tried)
+        └── PeerError                       a peer node: down, too slow, refused, or sent bad bytes
 
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
 the store's and the cache's edge, with ``raise ... from exc``. Only the CLI turns
@@ -130,11 +130,20 @@ class DaemonError(StagerError, ConnectionError):
 
 
 class BlobSourceError(StagerError, ConnectionError):
-    """A source of a blob's bytes (see ``stager.engine.source``) cannot serve them: the engine tries the next."""
+    """A source of a blob's bytes other than the origin failed; the engine goes on with the next one."""
 
 
 class PeerError(BlobSourceError):
-    """Another node of the cluster could not serve a blob's blocks (down, refused, too slow)."""
+    """A peer node could not give the bytes asked for.
+
+    ``kind`` says why, for the failure counters: ``down`` (no connection), ``timeout`` (slower than the
+    deadline), ``refused`` (401: the cluster secrets differ), ``missing`` (it neither holds nor fetches
+    the blob), ``corrupt`` (bytes that failed verification) or ``protocol`` (an answer that makes no sense).
+    """
+
+    def __init__(self, message: str, kind: str = "protocol") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 def leaf_errors(group: BaseException) -> list[BaseException]:

@@ -1,7 +1,10 @@
 """One span's fetch: its blocks from the blob's sources in turn, through the gate, hedged at the origin.
 
-A :class:`SpanFetch` takes a gate slot for the span, then asks the blob's
-sources (:mod:`.source`) in order for the blocks still unverified. A source
+A :class:`SpanFetch` asks the blob's sources (:mod:`.source`) in order for
+the span's blocks still unverified; only a request to the origin takes a slot
+of the engine's priority gate (a peer's answer may wait on a fetch that peer
+makes for this node: two nodes whose slots all waited on each other would
+stall), requests to peers being bounded by their own client. A source
 before the last is not hedged; it is skipped, and the next one takes the
 blocks it did not verify, when it raises :class:`~stager.errors.BlobSourceError`,
 exceeds its own ``timeout``, or sends bytes that fail verification more than
@@ -51,24 +54,22 @@ class SpanFetch:
     async def run(self) -> None:
         ctx, span = self._ctx, self._span
         indexes = span.indexes
-        start, end = self._range(indexes[0], indexes[-1])
         try:
-            async with ctx.gate.slot(span.priority, owner=span, nbytes=end - start):
-                sources = ctx.sources.for_blob(self._ref)
-                for n, source in enumerate(sources):
-                    todo = [index for index in indexes if index not in self._partial.verified]
-                    if not todo:
-                        break
-                    if n == len(sources) - 1:  # the origin: its retry policy, hedged, its errors stand
-                        await self._from_origin(source, todo[0], todo[-1])
-                        break
-                    try:
-                        await self._from_source(source, todo[0], todo[-1])
-                    except (BlobSourceError, CorruptData, TimeoutError) as exc:
-                        failures = ctx.stats.source_failures
-                        failures[source.kind] = failures.get(source.kind, 0) + 1
-                        log.info("%s: blocks %d-%d not from %s (the next source is tried): %s",
-                                 self._ref.path, todo[0], todo[-1], source.name, exc or type(exc).__name__)
+            sources = ctx.sources.for_blob(self._ref)
+            for n, source in enumerate(sources):
+                todo = [index for index in indexes if index not in self._partial.verified]
+                if not todo:
+                    break
+                if n == len(sources) - 1:  # the origin: its retry policy, hedged, its errors stand
+                    await self._from_origin(source, todo[0], todo[-1])
+                    break
+                try:
+                    await self._from_source(source, todo[0], todo[-1])
+                except (BlobSourceError, CorruptData, TimeoutError) as exc:
+                    failures = ctx.stats.source_failures
+                    failures[source.kind] = failures.get(source.kind, 0) + 1
+                    log.info("%s: blocks %d-%d not from %s (the next source is tried): %s",
+                             self._ref.path, todo[0], todo[-1], source.name, exc or type(exc).__name__)
         except Exception as exc:  # cancellation is settled by the job (the blocks may be wanted again)
             for block in span.blocks:
                 if not block.future.done():
@@ -99,15 +100,19 @@ class SpanFetch:
         def in_memory() -> Awaitable[bytes]:  # the hedge: must not write where the first request writes
             return source.read(ref, start, end, check=lambda data: self._check(indexes, start, data))
 
-        delay = ctx.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
-            if config.hedge else None
-        began = time.monotonic()
-        data, hedge_won = await hedged(stream, delay, self._count_hedge, make_hedge=in_memory)
-        ctx.latency.record(time.monotonic() - began, end - start)
-        if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
-            ctx.stats.hedges_won += 1
-            await write_held(ctx.disk, self._partial, ref, indexes, start, data, durable=config.durable,
-                             verified=self._verified(source.kind))
+        # Only origin requests take a slot of the gate: a peer's answer may wait on a fetch that peer
+        # makes for this node, and two nodes whose slots all waited on each other would both stall
+        # (requests to peers are bounded by their own client's connections instead).
+        async with ctx.gate.slot(self._span.priority, owner=self._span, nbytes=end - start):
+            delay = ctx.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
+                if config.hedge else None
+            began = time.monotonic()
+            data, hedge_won = await hedged(stream, delay, self._count_hedge, make_hedge=in_memory)
+            ctx.latency.record(time.monotonic() - began, end - start)
+            if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
+                ctx.stats.hedges_won += 1
+                await write_held(ctx.disk, self._partial, ref, indexes, start, data, durable=config.durable,
+                                 verified=self._verified(source.kind))
 
     def _count_hedge(self) -> None:
         self._ctx.stats.hedged_requests += 1
