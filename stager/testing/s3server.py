@@ -48,6 +48,7 @@ from urllib.parse import quote
 
 import psutil
 
+from ..errors import S3ServerError
 from ..store import sigv4
 
 REGION = "us-east-1"
@@ -58,10 +59,6 @@ _STOP_TIMEOUT_S = 5.0
 #: on a shared, busy test machine a directory operation can wait on the disk
 #: for many seconds, so this bound is generous; it only catches a dead server.
 _ADMIN_TIMEOUT_S = 60.0
-
-
-class S3ServerError(RuntimeError):
-    """The rclone S3 server could not be started or refused an admin request."""
 
 
 def rclone_binary() -> str:
