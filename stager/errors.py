@@ -34,7 +34,9 @@ the standard library can still catch it (``except FileNotFoundError``)::
     ├── NotAtDestination (FileNotFoundError)  replicate --finalize: an object missing or different there
     ├── ReplicationBusy (BlockingIOError)   another process runs the same replication shard
     ├── JournalError (OSError)              replicate's journal database cannot be opened or written
-    └── MountError (OSError)                FUSE cannot work here, or the mount point cannot be used
+    ├── MountError (OSError)                FUSE cannot work here, or the mount point cannot be used
+    └── BlobSourceError (ConnectionError)   one place a blob's bytes come from failed (the next is tried)
+        └── PeerError                       a peer node: down, too slow, refused, or sent bad bytes
 
 Outside the tree: :class:`S3ServerError` (a ``RuntimeError``, defined here
 too), raised by the test origins of ``stager.testing`` when the test harness
@@ -204,6 +206,23 @@ class MountError(StagerError, OSError):
     """FUSE cannot work here, or the mount point cannot be used or unmounted."""
 
 
+class BlobSourceError(StagerError, ConnectionError):
+    """A source of a blob's bytes other than the origin failed; the engine goes on with the next one."""
+
+
+class PeerError(BlobSourceError):
+    """A peer node could not give the bytes asked for.
+
+    ``kind`` says why, for the failure counters: ``down`` (no connection), ``timeout`` (slower than the
+    deadline), ``refused`` (401: the cluster secrets differ), ``missing`` (it neither holds nor fetches
+    the blob), ``corrupt`` (bytes that failed verification) or ``protocol`` (an answer that makes no sense).
+    """
+
+    def __init__(self, message: str, kind: str = "protocol") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class S3ServerError(RuntimeError):
     """A test origin (the rclone S3 server of ``stager.testing``) could not be started or refused an admin
     request. Not a :class:`StagerError`: it is the test harness failing, not stager."""
@@ -248,6 +267,7 @@ def group_message(group: BaseException) -> str | None:
 
 __all__ = [
     "AccessDenied",
+    "BlobSourceError",
     "BlobTooLarge",
     "CacheCorrupt",
     "CacheError",
@@ -270,6 +290,7 @@ __all__ = [
     "OriginChanged",
     "OriginError",
     "OriginUnavailable",
+    "PeerError",
     "ReplicationBusy",
     "S3ServerError",
     "ShardNotFound",
