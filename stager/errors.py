@@ -20,7 +20,9 @@ the standard library can still catch it (``except FileNotFoundError``)::
     │   │   └── DiskFull                    the disk holding the cache has no room (ENOSPC): not waited for
     │   ├── BlobTooLarge                    a blob larger than the whole capacity
     │   └── CacheCorrupt                    bytes on the cache disk that no longer match their digest
-    └── DaemonError (ConnectionError)       the node daemon's socket or API
+    ├── DaemonError (ConnectionError)       the node daemon's socket or API
+    └── BlobSourceError (ConnectionError)   one place a blob's bytes come from failed (the next is tried)
+        └── PeerError                       a peer node: down, too slow, refused, or sent bad bytes
 
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
 the store's and the cache's edge, with ``raise ... from exc``. Only the CLI turns
@@ -127,6 +129,23 @@ class DaemonError(StagerError, ConnectionError):
     """The node daemon cannot be reached, or its API answered with an error."""
 
 
+class BlobSourceError(StagerError, ConnectionError):
+    """A source of a blob's bytes other than the origin failed; the engine goes on with the next one."""
+
+
+class PeerError(BlobSourceError):
+    """A peer node could not give the bytes asked for.
+
+    ``kind`` says why, for the failure counters: ``down`` (no connection), ``timeout`` (slower than the
+    deadline), ``refused`` (401: the cluster secrets differ), ``missing`` (it neither holds nor fetches
+    the blob), ``corrupt`` (bytes that failed verification) or ``protocol`` (an answer that makes no sense).
+    """
+
+    def __init__(self, message: str, kind: str = "protocol") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def leaf_errors(group: BaseException) -> list[BaseException]:
     """The errors inside ``group`` (nested groups flattened, in order); ``[group]`` if it is not a group."""
     if not isinstance(group, BaseExceptionGroup):
@@ -166,6 +185,7 @@ def group_message(group: BaseException) -> str | None:
 
 __all__ = [
     "AccessDenied",
+    "BlobSourceError",
     "BlobTooLarge",
     "CacheCorrupt",
     "CacheError",
@@ -178,6 +198,7 @@ __all__ = [
     "OriginChanged",
     "OriginError",
     "OriginUnavailable",
+    "PeerError",
     "ShardNotFound",
     "StagerError",
     "Throttled",

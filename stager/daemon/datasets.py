@@ -81,6 +81,10 @@ class DatasetVersions:
     def __len__(self) -> int:
         return len(self._held)
 
+    def versions(self) -> list[HeldVersion]:
+        """Every version held now (the cluster looks here for the one a peer's request names)."""
+        return list(self._held.values())
+
     @contextlib.asynccontextmanager
     async def use(self, source: SourceConfig, fingerprint: str | None) -> AsyncIterator[tuple[Dataset, str]]:
         """The dataset version at ``source`` with manifest ``fingerprint`` (None: the origin's current one),
