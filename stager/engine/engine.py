@@ -5,6 +5,7 @@ daemon): the cache tier, the datasets (store + manifest) it fetches from, the
 plans of its consumers, the single-flight table of blob jobs, the priority
 gate that bounds block requests in flight (its limit learned from the origin
 by a :class:`~.concurrency.ConcurrencyController`, under ``concurrency``), the latency tracker for hedging,
+the sources a blob's bytes may come from (:mod:`.source`: the origin unless told otherwise),
 and two small thread pools (disk writes and sqlite; waits on other processes'
 blob locks) so the event loop never blocks on the disk.
 
@@ -42,6 +43,7 @@ from .fetcher import BlobJob
 from .gate import PriorityGate
 from .hedging import LatencyTracker
 from .plan import URGENT, Plan
+from .source import BlobSources, OriginOnly
 from .stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -65,9 +67,11 @@ def _read_file_range(path: Path, start: int, end: int) -> tuple[bytes, tuple[int
 class Engine:
     """Fetches blobs for plans into a cache tier. Use as ``async with Engine(cache) as engine``."""
 
-    def __init__(self, cache: CacheTier, config: FetchConfig = FetchConfig()) -> None:
+    def __init__(self, cache: CacheTier, config: FetchConfig = FetchConfig(), *,
+                 sources: BlobSources | None = None) -> None:
         self.cache = cache
         self.config = config
+        self.sources: BlobSources = sources if sources is not None else OriginOnly()
         self.origin_stats = OriginStats()
         self.concurrency = ConcurrencyController(
             memory_ceiling(config.concurrency, config.request_bytes), full_request=config.request_bytes,

@@ -57,16 +57,19 @@ import xxhash
 from ..cache import BlobState
 from ..cache.direct import ALIGN as DIRECT_ALIGN
 from ..cache.fileio import cut_views
-from ..errors import AccessDenied, CacheCorrupt, CacheError, CorruptData, ShardNotFound, StagerError
+from ..errors import (AccessDenied, BlobSourceError, CacheCorrupt, CacheError, CorruptData, ShardNotFound,
+                      StagerError)
 from ..hashing import block_digest, block_range
 from ..store import RangeSink
 from .hedging import hedged
+from .source import ORIGIN
 
 if TYPE_CHECKING:
     from ..cache import BlobLock, PartialBlob
     from .gate import PriorityGate
     from .dataset import BlobRef
     from .engine import Engine
+    from .source import BlobSource
 
 log = logging.getLogger(__name__)
 
@@ -436,68 +439,157 @@ class BlobJob:
         return True
 
     async def _fetch_span(self, partial: "PartialBlob", span: _Span) -> None:
+        """The span's blocks from the blob's sources in turn, each taking the blocks still unverified."""
         engine, ref = self.engine, self.ref
         indexes = [block.index for block in span.blocks]
         start = block_range(indexes[0], ref.size, ref.block_size)[0]
         end = block_range(indexes[-1], ref.size, ref.block_size)[1]
-        store = ref.dataset.store
-        config = engine.config
-
-        def corrupt(index: int) -> CorruptData:
-            engine.stats.verify_failures += 1
-            first, last = block_range(index, ref.size, ref.block_size)
-            return CorruptData(f"{ref.dataset.name}/{ref.path}: block {index} (bytes {first}-{last}) "
-                               "does not match the manifest digest")
-
-        def verified(index: int, nbytes: int) -> None:  # recorded: its waiters may read it from the cache
-            block = self._blocks.get(index)
-            if block is not None and not block.future.done():
-                block.future.set_result(None)
-            engine.stats.bytes_fetched += nbytes
-            engine.stats.blocks_fetched += 1
-            engine.on_block_fetched(ref, nbytes)
-
-        def stream() -> Awaitable[None]:  # into the partial file as the bytes arrive, hashed on the way
-            return store.read_range_into(ref.path, start, end, lambda: _SpanWriter(
-                engine, partial, ref, indexes[0], indexes[-1], corrupt, verified))
-
-        def check(data: bytes) -> None:
-            view = memoryview(data)
-            for index in indexes:
-                first, last = block_range(index, ref.size, ref.block_size)
-                if block_digest(view[first - start:last - start]) != ref.blocks[index]:
-                    raise corrupt(index)
-
-        def in_memory() -> Awaitable[bytes]:  # the hedge: must not write where the first request writes
-            return store.read_range(ref.path, start, end, check=check)
-
-        def count_hedge() -> None:
-            engine.stats.hedged_requests += 1
-
         try:
             async with engine.gate.slot(span.priority, owner=span, nbytes=end - start):
-                delay = engine.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
-                    if config.hedge else None
-                began = time.monotonic()
-                data, hedge_won = await hedged(stream, delay, count_hedge, make_hedge=in_memory)
-                engine.latency.record(time.monotonic() - began, end - start)
-                if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
-                    engine.stats.hedges_won += 1
-                    view = memoryview(data)
-                    for index in indexes:
-                        if index in partial.verified:
-                            continue
-                        first, last = block_range(index, ref.size, ref.block_size)
-                        await _finish_even_if_cancelled(engine.start_in_disk_thread(
-                            partial.write_into_block, index, first, [view[first - start:last - start]]))
-                        await _finish_even_if_cancelled(engine.start_in_disk_thread(
-                            partial.mark_verified, index, durable=config.durable))
-                        verified(index, last - first)
+                sources = engine.sources.for_blob(ref)
+                for n, source in enumerate(sources):
+                    todo = [index for index in indexes if index not in partial.verified]
+                    if not todo:
+                        break
+                    if n == len(sources) - 1:  # the origin: its retry policy, hedged, its errors stand
+                        await self._from_origin(partial, source, todo[0], todo[-1])
+                        break
+                    try:
+                        await self._from_source(partial, source, todo[0], todo[-1])
+                    except (BlobSourceError, CorruptData, TimeoutError) as exc:
+                        engine.stats.source_failures[source.kind] = engine.stats.source_failures.get(source.kind, 0) + 1
+                        log.info("%s: blocks %d-%d not from %s (the next source is tried): %s",
+                                 ref.path, todo[0], todo[-1], source.name, exc or type(exc).__name__)
         except Exception as exc:  # cancellation is settled by the job (the blocks may be wanted again)
             for block in span.blocks:
                 if not block.future.done():
                     block.future.set_exception(exc)
             raise
+
+    def _corrupt(self, index: int) -> CorruptData:
+        ref = self.ref
+        self.engine.stats.verify_failures += 1
+        first, last = block_range(index, ref.size, ref.block_size)
+        return CorruptData(f"{ref.dataset.name}/{ref.path}: block {index} (bytes {first}-{last}) "
+                           "does not match the manifest digest")
+
+    def _verified(self, kind: str) -> Callable[[int, int], None]:
+        """What is done once a block from a source of ``kind`` is recorded: its waiters may read it."""
+        engine, ref = self.engine, self.ref
+
+        def verified(index: int, nbytes: int) -> None:
+            block = self._blocks.get(index)
+            if block is not None and not block.future.done():
+                block.future.set_result(None)
+            engine.stats.bytes_fetched += nbytes
+            engine.stats.blocks_fetched += 1
+            if kind == ORIGIN:
+                engine.stats.bytes_from_origin += nbytes
+            else:
+                engine.stats.bytes_from_peers += nbytes
+            engine.on_block_fetched(ref, nbytes)
+        return verified
+
+    def _writer(self, partial: "PartialBlob", first: int, last: int, kind: str) -> Callable[[], "_SpanWriter"]:
+        """Opens a sink per attempt that streams blocks ``first..last`` into the partial file, hashed on the way."""
+        verified = self._verified(kind)
+        return lambda: _SpanWriter(self.engine, partial, self.ref, first, last, self._corrupt, verified)
+
+    async def _from_source(self, partial: "PartialBlob", source: "BlobSource", first: int, last: int) -> None:
+        """Blocks ``first..last`` from a source that is not the last: not hedged, bounded by its own
+        timeout and corrupt budget (past it, a :class:`BlobSourceError`)."""
+        ref = self.ref
+        start = block_range(first, ref.size, ref.block_size)[0]
+        end = block_range(last, ref.size, ref.block_size)[1]
+        sinks = _CorruptBudget(self._writer(partial, first, last, source.kind), source)
+        if source.timeout is None:
+            await source.read_into(ref, start, end, sinks.open)
+        else:
+            async with asyncio.timeout(source.timeout):
+                await source.read_into(ref, start, end, sinks.open)
+
+    async def _from_origin(self, partial: "PartialBlob", source: "BlobSource", first: int, last: int) -> None:
+        """Blocks ``first..last`` from the last source (the origin), raced by a hedge if it straggles."""
+        engine, ref = self.engine, self.ref
+        config = engine.config
+        indexes = range(first, last + 1)
+        start = block_range(first, ref.size, ref.block_size)[0]
+        end = block_range(last, ref.size, ref.block_size)[1]
+        verified = self._verified(source.kind)
+
+        def stream() -> Awaitable[None]:  # into the partial file as the bytes arrive, hashed on the way
+            return source.read_into(ref, start, end, self._writer(partial, first, last, source.kind))
+
+        def check(data: bytes) -> None:
+            view = memoryview(data)
+            for index in indexes:
+                lo, hi = block_range(index, ref.size, ref.block_size)
+                if block_digest(view[lo - start:hi - start]) != ref.blocks[index]:
+                    raise self._corrupt(index)
+
+        def in_memory() -> Awaitable[bytes]:  # the hedge: must not write where the first request writes
+            return source.read(ref, start, end, check=check)
+
+        def count_hedge() -> None:
+            engine.stats.hedged_requests += 1
+
+        delay = engine.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
+            if config.hedge else None
+        began = time.monotonic()
+        data, hedge_won = await hedged(stream, delay, count_hedge, make_hedge=in_memory)
+        engine.latency.record(time.monotonic() - began, end - start)
+        if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
+            engine.stats.hedges_won += 1
+            view = memoryview(data)
+            for index in indexes:
+                if index in partial.verified:
+                    continue
+                lo, hi = block_range(index, ref.size, ref.block_size)
+                await _finish_even_if_cancelled(engine.start_in_disk_thread(
+                    partial.write_into_block, index, lo, [view[lo - start:hi - start]]))
+                await _finish_even_if_cancelled(engine.start_in_disk_thread(
+                    partial.mark_verified, index, durable=config.durable))
+                verified(index, hi - lo)
+
+
+class _CorruptBudget:
+    """Opens a source's sinks, counting the attempts whose bytes fail verification; past the source's
+    ``corrupt_budget`` the attempt fails with :class:`BlobSourceError` instead (not retried by the source)."""
+
+    def __init__(self, open_sink: Callable[[], RangeSink], source: "BlobSource") -> None:
+        self._open_sink = open_sink
+        self._source = source
+        self.failures = 0
+
+    def open(self) -> RangeSink:
+        return _BudgetedSink(self._open_sink(), self)
+
+    def failed(self, exc: CorruptData) -> BlobSourceError | None:
+        self.failures += 1
+        if self.failures > self._source.corrupt_budget:
+            return BlobSourceError(f"{self._source.name}: {self.failures} attempts failed verification: {exc}")
+        return None
+
+
+class _BudgetedSink(RangeSink):
+    def __init__(self, sink: RangeSink, budget: _CorruptBudget) -> None:
+        self._sink = sink
+        self._budget = budget
+
+    async def write(self, chunk: bytes) -> None:
+        try:
+            await self._sink.write(chunk)
+        except CorruptData as exc:
+            raise self._budget.failed(exc) or exc
+
+    async def close(self) -> None:
+        try:
+            await self._sink.close()
+        except CorruptData as exc:
+            raise self._budget.failed(exc) or exc
+
+    async def abort(self) -> None:
+        await self._sink.abort()
 
 
 #: Bytes of a streaming request gathered (within one block) before they go to a disk thread in one pwritev.
