@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from ..errors import CorruptData, PeerError
+from ..errors import BlobSourceError, CacheError, CorruptData, PeerError
 from ..store.base import RangeSink, feed_sink
 from .auth import PeerAuth
 from .request import BLOBS_PATH, PeerRequest
@@ -103,10 +103,12 @@ class PeerClient:
 
                 await feed_sink(open_sink(), chunks())
                 return received
-        except CorruptData as exc:
+        except (CorruptData, BlobSourceError) as exc:  # the engine's sink found bytes that fail verification
+            if isinstance(exc, PeerError):
+                raise
             raise PeerError(f"peer {peer}: {exc}", "corrupt") from exc
-        except PeerError:
-            raise
+        except (CacheError, asyncio.CancelledError):
+            raise  # this node's own disk, or its caller: nothing to hold against the peer
         except asyncio.TimeoutError as exc:
             raise PeerError(f"peer {peer}: no answer within the deadline", "timeout") from exc
         except aiohttp.ClientPayloadError as exc:

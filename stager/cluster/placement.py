@@ -52,9 +52,13 @@ class PeerRing:
         self.members = frozenset(members)
         self.me = me
         self.fanout = fanout
+        self._last: tuple[str, list[str]] = ("", [])  # a blob is looked at several times in a row
 
     def ranking(self, digest: str) -> list[str]:
-        return ranked(digest, self.members)
+        """Every member for ``digest``, the owner first."""
+        if self._last[0] != digest:
+            self._last = (digest, ranked(digest, self.members))
+        return self._last[1]
 
     def owner(self, digest: str) -> str | None:
         """The member that fetches ``digest`` from the origin for everyone (None: no members)."""

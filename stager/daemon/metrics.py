@@ -56,6 +56,7 @@ class DaemonSnapshot:
     started: float = 0.0
     cache: str = ""
     socket: str = ""
+    cluster: dict | None = None  # ClusterNode.status() when the daemon is a node of a cluster
 
 
 class _SnapshotCollector(Collector):
@@ -83,6 +84,10 @@ class _SnapshotCollector(Collector):
 
         yield counter("staged_bytes", "Verified bytes written to the cache from the origin.", e["bytes_fetched"])
         yield counter("staged_blocks", "Verified blocks written to the cache from the origin.", e["blocks_fetched"])
+        yield counter("staged_origin_bytes", "Of the staged bytes, those fetched from the origin.",
+                      e.get("bytes_from_origin", e["bytes_fetched"]))
+        yield counter("staged_peer_bytes", "Of the staged bytes, those received from peer nodes (verified).",
+                      e.get("bytes_from_peers", 0))
         yield counter("staged_blobs", "Blobs fetched and committed to the cache.", e["blobs_completed"])
         yield counter("blobs_already_cached", "Blob fetches that found the blob complete already.",
                       e["blobs_already_cached"])
@@ -154,6 +159,10 @@ class _SnapshotCollector(Collector):
             length.add_metric(key, p.length)
             window.add_metric(key, p.window_bytes)
         yield from (steps, ready_bytes, cursor, length, window)
+        if s.cluster is not None:
+            from ..cluster.metrics import cluster_metrics
+
+            yield from cluster_metrics(s.cluster)
 
 
 class DaemonMetrics:
