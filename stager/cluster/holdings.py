@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 
 #: Gate priority of blocks fetched for a peer: with the nearest prefetch, behind consumers blocked here.
 PEER_PRIORITY = 0.0
+#: Seconds a request naming a dataset version not held here waits for it to be opened (the nodes of one
+#: job start their consumers at about the same time, and the first blobs would all go to the origin).
+VERSION_WAIT = 3.0
+#: Seconds after such a wait ran out during which that version is not waited for again.
+ABSENT_SECONDS = 60.0
 
 
 def read_held_block(cache: CacheTier, digest: str, start: int, end: int, index: int) -> bytes | None:
@@ -83,6 +88,13 @@ class Holdings:
         self._ring = ring
         self.stats = stats
         self._warming: dict[str, asyncio.Task] = {}
+        self._opened = asyncio.Event()  # replaced by a fresh one each time a version is held
+        self._absent: dict[tuple[str, str], float] = {}
+
+    def version_held(self) -> None:
+        """Call when the node holds a new dataset version: requests waiting for it look again."""
+        self._opened.set()
+        self._opened = asyncio.Event()
 
     async def open(self, request: PeerRequest) -> AsyncIterator[bytes] | None:
         """The blocks of ``request`` one by one (a block is read or fetched when the previous one is sent),
@@ -92,6 +104,8 @@ class Holdings:
         held = record is not None and record.size == request.size and record.block_size == request.block_size \
             and all(b in record.verified for b in request.blocks)
         ref = self._ref(request)
+        if ref is None and not held and request.mode != "hold":
+            ref = await self._wait_for_version(request)
         if held and ref is None:
             return self._held_blocks(request)
         if ref is None or not (held or self._may_fetch(request)):
@@ -122,6 +136,25 @@ class Holdings:
             if request.index < len(m) and m.digest(request.index) == request.digest \
                     and int(m.sizes[request.index]) == request.size and m.block_size == request.block_size:
                 return dataset.ref(request.index)
+        return None
+
+    async def _wait_for_version(self, request: PeerRequest) -> BlobRef | None:
+        key = (request.dataset, request.manifest)
+        now = asyncio.get_running_loop().time()
+        if not all(key) or self._absent.get(key, 0.0) > now:
+            return None
+        deadline = now + VERSION_WAIT
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:  # bounded; woken by each new version
+            opened = self._opened
+            try:
+                async with asyncio.timeout(left):
+                    await opened.wait()
+            except TimeoutError:
+                break
+            if (ref := self._ref(request)) is not None:
+                return ref
+        self._absent = {k: t for k, t in self._absent.items() if t > now}
+        self._absent[key] = asyncio.get_running_loop().time() + ABSENT_SECONDS
         return None
 
     def _warm(self, ref: BlobRef) -> None:

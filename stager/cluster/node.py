@@ -76,6 +76,11 @@ class ClusterNode:
                  " (TLS)" if self.config.tls else "", self.membership.me, len(self.membership.members),
                  self.config.spec)
 
+    def version_held(self) -> None:
+        """The daemon holds a new dataset version (peers waiting for it may be served now)."""
+        if self._holdings is not None:
+            self._holdings.version_held()
+
     def status(self) -> dict[str, Any]:
         """The membership as this node sees it, and the counters (``stager status``, ``/metrics``)."""
         m = self.membership

@@ -77,6 +77,7 @@ class DatasetVersions:
         self._clock = clock
         self._held: dict[tuple[str, str], HeldVersion] = {}
         self._opening: dict[str, tuple[asyncio.Lock, int]] = {}
+        self.listeners: list[Callable[[], None]] = []  # called when a version is held (the cluster waits on it)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -150,6 +151,8 @@ class DatasetVersions:
                      m.total_bytes)
         held = HeldVersion(dataset, fingerprint, location, self._clock())
         self._held[(access, fingerprint)] = held
+        for listener in self.listeners:
+            listener()
         return held
 
     def _manifest(self, location: str, fingerprint: str) -> Manifest | None:

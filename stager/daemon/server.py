@@ -149,6 +149,7 @@ class Daemon:
             if self.cluster is not None:
                 await self.cluster.start(self._engine, lambda: [(v.dataset, v.fingerprint)
                                                                 for v in self.datasets.versions()], self.stopping)
+                self.datasets.listeners.append(self.cluster.version_held)
             interval = min(5.0, self.config.lease / 4)
             self._reapers = [asyncio.create_task(self.registry.run_reaper(interval), name="stager lease reaper"),
                              asyncio.create_task(self._drop_idle_datasets(interval), name="stager dataset reaper")]

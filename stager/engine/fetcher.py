@@ -445,21 +445,24 @@ class BlobJob:
         start = block_range(indexes[0], ref.size, ref.block_size)[0]
         end = block_range(indexes[-1], ref.size, ref.block_size)[1]
         try:
-            async with engine.gate.slot(span.priority, owner=span, nbytes=end - start):
-                sources = engine.sources.for_blob(ref)
-                for n, source in enumerate(sources):
-                    todo = [index for index in indexes if index not in partial.verified]
-                    if not todo:
-                        break
-                    if n == len(sources) - 1:  # the origin: its retry policy, hedged, its errors stand
+            sources = engine.sources.for_blob(ref)
+            for n, source in enumerate(sources):
+                todo = [index for index in indexes if index not in partial.verified]
+                if not todo:
+                    break
+                if n == len(sources) - 1:  # the origin: its retry policy, hedged, its errors stand
+                    # Only origin requests take a slot of the gate: a peer's answer may wait on a fetch that
+                    # peer makes for this node, and two nodes whose slots all waited on each other would
+                    # both stall (peer requests are bounded by the peer client's connections instead).
+                    async with engine.gate.slot(span.priority, owner=span, nbytes=end - start):
                         await self._from_origin(partial, source, todo[0], todo[-1])
-                        break
-                    try:
-                        await self._from_source(partial, source, todo[0], todo[-1])
-                    except (BlobSourceError, CorruptData, TimeoutError) as exc:
-                        engine.stats.source_failures[source.kind] = engine.stats.source_failures.get(source.kind, 0) + 1
-                        log.info("%s: blocks %d-%d not from %s (the next source is tried): %s",
-                                 ref.path, todo[0], todo[-1], source.name, exc or type(exc).__name__)
+                    break
+                try:
+                    await self._from_source(partial, source, todo[0], todo[-1])
+                except (BlobSourceError, CorruptData, TimeoutError) as exc:
+                    engine.stats.source_failures[source.kind] = engine.stats.source_failures.get(source.kind, 0) + 1
+                    log.info("%s: blocks %d-%d not from %s (the next source is tried): %s",
+                             ref.path, todo[0], todo[-1], source.name, exc or type(exc).__name__)
         except Exception as exc:  # cancellation is settled by the job (the blocks may be wanted again)
             for block in span.blocks:
                 if not block.future.done():
