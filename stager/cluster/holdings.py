@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 PEER_PRIORITY = 0.0
 #: Seconds a request naming a dataset version not held here waits for it to be opened (the nodes of one
 #: job start their consumers at about the same time, and the first blobs would all go to the origin).
-VERSION_WAIT = 3.0
+VERSION_WAIT = 10.0
 #: Seconds after such a wait ran out during which that version is not waited for again.
 ABSENT_SECONDS = 60.0
 

@@ -35,6 +35,9 @@ from .slurm import expand_hostlist
 log = logging.getLogger(__name__)
 
 KINDS = ("list", "slurm", "dns", "file")
+#: Health checks in a row without an answer before a peer counts as down (a refusal counts at once):
+#: a node busy starting its consumers must not drop out of everyone's ring for a moment.
+SILENT_CHECKS = 3
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
@@ -274,18 +277,25 @@ class Membership:
             log.warning("keeping the member list: %s", exc)
         return self.members != before
 
-    async def run(self, healthy: Callable[[str], Awaitable[bool]], interval: float) -> None:
-        """Forever: health-check every peer each ``interval`` seconds, and refresh the list when due."""
+    async def run(self, healthy: Callable[[str], Awaitable[bool | None]], interval: float) -> None:
+        """Forever: health-check every peer each ``interval`` seconds, and refresh the list when due.
+
+        ``healthy(peer)`` is True (it answers), False (it refuses: down at once) or None (no answer in
+        time: down after :data:`SILENT_CHECKS` in a row)."""
         next_refresh = self._clock() + self.refresh_interval
+        silent: dict[str, int] = {}
         while True:
             peers = self.peers
             if peers:
                 answers = await asyncio.gather(*(healthy(p) for p in peers))
                 for peer, ok in zip(peers, answers, strict=True):
+                    silent[peer] = 0 if ok is not None else silent.get(peer, 0) + 1
                     if ok:
                         self.mark_up(peer)
-                    else:
-                        self.mark_down(peer, "no answer to a health check")
+                    elif ok is False:
+                        self.mark_down(peer, "it refuses health checks")
+                    elif silent[peer] >= SILENT_CHECKS:
+                        self.mark_down(peer, f"no answer to {SILENT_CHECKS} health checks in a row")
             if self._clock() >= next_refresh or self.spec.kind == "file":
                 next_refresh = self._clock() + self.refresh_interval
                 await self.refresh()

@@ -33,7 +33,7 @@ class PeerTimeouts:
     idle_timeout: float = 10.0
     deadline: float = 20.0
     min_rate: float = 4 << 20
-    health_timeout: float = 1.0
+    health_timeout: float = 2.0
 
 
 class PeerClient:
@@ -59,13 +59,16 @@ class PeerClient:
     def url(self, peer: str, path: str) -> str:
         return f"{self._scheme}://{peer}{path}"
 
-    async def healthy(self, peer: str) -> bool:
-        """True if ``peer`` answers ``GET /healthz`` with 200 within the health timeout."""
+    async def healthy(self, peer: str) -> bool | None:
+        """True if ``peer`` answers ``GET /healthz`` with 200; False if it refuses or answers otherwise;
+        None if it does not answer within the health timeout (busy, or gone: the caller counts these)."""
         timeout = aiohttp.ClientTimeout(total=self.timeouts.health_timeout)
         try:
             async with self._client().get(self.url(peer, "/healthz"), timeout=timeout) as response:
                 return response.status == 200
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+        except asyncio.TimeoutError:
+            return None
+        except (aiohttp.ClientError, OSError, ValueError):
             return False
 
     def _timeout(self, nbytes: int) -> aiohttp.ClientTimeout:

@@ -8,7 +8,6 @@ wait is bounded; every process started here is stopped (or killed) by
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import subprocess
@@ -19,9 +18,11 @@ from typing import Any, Sequence
 
 import aiohttp
 
+from stager.config import CacheConfig, FetchConfig, SourceConfig
+from stager.session import RemoteSession
 from stager.testing import FaultProxy
 from stager.testing.s3server import free_port
-from tests.daemon.support import REPO, Corpus, DaemonProcess, remove_dir, short_dir
+from tests.daemon.support import REPO, Corpus, DaemonProcess, remove_dir, short_dir, wait_until
 
 BUCKET = "data"
 DATASET = f"s3://{BUCKET}/corpus"
@@ -55,13 +56,6 @@ class Node:
 
     def blob(self, digest: str) -> Path:
         return self.cache / "blobs" / digest[:2] / digest
-
-    def stage(self, proxy: FaultProxy, keys: tuple[str, str]) -> subprocess.Popen:
-        """`stager stage` of the dataset through this node's daemon, started (not waited for)."""
-        argv = [sys.executable, "-m", "stager", "stage", DATASET, "--cache", str(self.cache), "--socket",
-                str(self.socket), "--json", "-o", f"endpoint_url={proxy.url}", "-o", f"key={keys[0]}",
-                "-o", f"secret={keys[1]}"]
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=stager_env(), cwd=REPO)
 
     def status(self) -> dict[str, Any]:
         """The daemon's own status (``/v1/status`` on its socket)."""
@@ -107,21 +101,40 @@ class Cluster:
             node.daemon.start(wait=False)
         for node in nodes:
             node.daemon.wait_ready()
+        for node in nodes:
+            self.wait_live(node, len(node.daemon.args[3].split(",")))
 
-    def stage_everywhere(self, nodes: Sequence[Node] | None = None, timeout: float = 60.0) -> list[dict]:
-        procs = [(n, n.stage(self.proxy, self.keys)) for n in (nodes or self.nodes)]
-        results = []
-        for node, proc in procs:
+    def wait_live(self, node: Node, count: int, timeout: float = 20.0) -> None:
+        """Until ``node`` counts ``count`` members live (its health checks run every 2 s)."""
+        wait_until(lambda: len(node.status()["cluster"]["live"]) == count, timeout,
+                   f"{node.address} to see {count} live members")
+
+    def stage_everywhere(self, nodes: Sequence[Node] | None = None, timeout: float = 60.0) -> None:
+        """Every shard of the dataset through each node's daemon at once, as consumers on those nodes would."""
+        asyncio.run(self._stage_all(list(nodes or self.nodes), timeout))
+
+    async def _stage_all(self, nodes: list[Node], timeout: float) -> None:
+        async def stage(node: Node) -> None:
+            session = RemoteSession(node.socket, CacheConfig(directory=node.cache), FetchConfig(), fallback=False)
             try:
-                out, err = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-                raise AssertionError(f"staging on {node.address} did not end in {timeout}s:\n{err.decode()}\n"
-                                     f"{node.daemon.output()}") from None
-            assert proc.returncode == 0, f"{node.address}: {err.decode()}\n{node.daemon.output()}"
-            results.append(json.loads(out))
-        return results
+                dataset = await session.open_dataset(self.source)
+                plan = await session.plan(dataset, range(len(self.corpus.manifest)))
+                for position in range(len(self.corpus.manifest)):
+                    await plan.ready(position)
+                await plan.close()
+            finally:
+                await session.close()
+
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(stage(n) for n in nodes))
+        except TimeoutError:
+            raise AssertionError(f"staging did not end in {timeout}s:\n"
+                                 + "\n".join(n.daemon.output()[-2000:] for n in nodes)) from None
+
+    @property
+    def source(self) -> SourceConfig:
+        return SourceConfig(DATASET, {"endpoint_url": self.proxy.url, "key": self.keys[0], "secret": self.keys[1]})
 
     def assert_complete_and_exact(self, node: Node) -> None:
         m = self.corpus.manifest

@@ -15,10 +15,9 @@ def test_four_nodes_staging_one_dataset_read_it_from_the_origin_about_once(clust
     nodes = [cluster.add(h) for h in HOSTS]
     cluster.start(*nodes)
     before = origin_bytes(cluster)
-    results = cluster.stage_everywhere()
+    cluster.stage_everywhere()
     total = cluster.corpus.manifest.total_bytes
     read = origin_bytes(cluster) - before
-    assert all(r["failed"] == 0 for r in results)
     for node in nodes:
         cluster.assert_complete_and_exact(node)
     statuses = [n.status() for n in nodes]
