@@ -93,8 +93,9 @@ class Cluster:
     def spec(self) -> str:
         return ",".join(n.address for n in self.nodes)
 
-    def start(self, *nodes: Node, spec: str | None = None) -> None:
-        """Start the nodes' daemons at once and wait until each answers."""
+    def start(self, *nodes: Node, spec: str | None = None, live: int | None = None) -> None:
+        """Start the nodes' daemons at once and wait until each answers and sees ``live`` members live
+        (default: every member of the spec)."""
         for node in nodes:
             node.daemon.args = ["--peer-listen", node.address, "--peers", spec or self.spec(),
                                 "--peer-secret-file", str(self.secret), *node.extra]
@@ -102,7 +103,7 @@ class Cluster:
         for node in nodes:
             node.daemon.wait_ready()
         for node in nodes:
-            self.wait_live(node, len(node.daemon.args[3].split(",")))
+            self.wait_live(node, live or len(node.daemon.args[3].split(",")))
 
     def wait_live(self, node: Node, count: int, timeout: float = 20.0) -> None:
         """Until ``node`` counts ``count`` members live (its health checks run every 2 s)."""
@@ -111,11 +112,13 @@ class Cluster:
 
     def stage_everywhere(self, nodes: Sequence[Node] | None = None, timeout: float = 60.0) -> None:
         """Every shard of the dataset through each node's daemon at once, as consumers on those nodes would."""
-        asyncio.run(self._stage_all(list(nodes or self.nodes), timeout))
+        asyncio.run(self.stage_all(list(nodes or self.nodes), timeout))
 
-    async def _stage_all(self, nodes: list[Node], timeout: float) -> None:
+    async def stage_all(self, nodes: list[Node], timeout: float, *, may_fail: Sequence[Node] = ()) -> None:
+        """As :meth:`stage_everywhere`, in the caller's loop; the consumers of ``may_fail`` may fail."""
         async def stage(node: Node) -> None:
-            session = RemoteSession(node.socket, CacheConfig(directory=node.cache), FetchConfig(), fallback=False)
+            session = RemoteSession(node.socket, CacheConfig(directory=node.cache), FetchConfig(), fallback=False,
+                                    reconnect_timeout=1.0)  # a daemon killed on purpose is not waited for
             try:
                 dataset = await session.open_dataset(self.source)
                 plan = await session.plan(dataset, range(len(self.corpus.manifest)))
@@ -127,10 +130,14 @@ class Cluster:
 
         try:
             async with asyncio.timeout(timeout):
-                await asyncio.gather(*(stage(n) for n in nodes))
+                results = await asyncio.gather(*(stage(n) for n in nodes), return_exceptions=True)
         except TimeoutError:
             raise AssertionError(f"staging did not end in {timeout}s:\n"
                                  + "\n".join(n.daemon.output()[-2000:] for n in nodes)) from None
+        for node, result in zip(nodes, results, strict=True):
+            if isinstance(result, BaseException) and node not in may_fail:
+                raise AssertionError(f"staging on {node.address} failed: {result!r}\n{node.daemon.output()}") \
+                    from result
 
     @property
     def source(self) -> SourceConfig:

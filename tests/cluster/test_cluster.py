@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import time
+
+import aiohttp
+
+from stager.cluster.auth import PeerAuth
+from stager.cluster.request import BLOBS_PATH, PeerRequest
+from stager.testing import FaultPlan
 from tests.cluster.support import Cluster
+from tests.daemon.support import wait_until
 
 HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
 
@@ -26,3 +36,85 @@ def test_four_nodes_staging_one_dataset_read_it_from_the_origin_about_once(clust
     assert read - manifests <= 1.1 * total, (read, manifests, total, "\n".join(str(s["cluster"]) for s in statuses))
     assert from_peers >= 2.5 * total  # the other three copies crossed peer links
     assert all(s["cluster"]["live"] == sorted(n.address for n in nodes) for s in statuses)
+
+
+def test_an_owner_killed_mid_transfer_leaves_every_other_node_complete_and_exact(cluster):
+    nodes = [cluster.add(h) for h in HOSTS[:3]]
+    cluster.start(*nodes)
+    total = cluster.corpus.manifest.total_bytes
+    cluster.proxy.update(connection_bps=1_000_000)  # slow enough to be mid-transfer when the owner dies
+    victim = nodes[0]
+
+    async def run() -> None:
+        async def kill_when_a_third_has_moved() -> None:
+            for _ in range(600):  # at most 30 s
+                if origin_bytes(cluster) > total / 3:
+                    break
+                await asyncio.sleep(0.05)
+            victim.daemon.kill()  # SIGKILL
+
+        await asyncio.gather(cluster.stage_all(nodes, 60.0, may_fail=[victim]), kill_when_a_third_has_moved())
+
+    asyncio.run(run())
+    assert victim.daemon.proc.returncode == -signal.SIGKILL
+    for node in nodes[1:]:
+        cluster.assert_complete_and_exact(node)
+    for node in nodes[1:]:  # and its health checks find it gone
+        wait_until(lambda: victim.address in node.status()["cluster"]["down"], 10, f"{node.address} to see it down")
+
+
+def test_a_peer_that_flips_bytes_is_detected_and_bypassed(cluster, fault_proxy):
+    nodes = [cluster.add(h) for h in HOSTS[:3]]
+    liar = nodes[1]
+    flipping = fault_proxy(f"http://{liar.address}", FaultPlan(flip_p=1.0, path_contains="/v1/blobs/"))
+    alias = f"127.0.0.1:{flipping.port}"  # how the others reach the liar: through the flipping proxy
+    cluster.start(liar, live=1)
+    honest = [nodes[0], nodes[2]]
+    cluster.start(*honest, spec=",".join([nodes[0].address, alias, nodes[2].address]))
+    cluster.wait_live(liar, 3)
+    cluster.stage_everywhere()
+    for node in nodes:
+        cluster.assert_complete_and_exact(node)
+    statuses = [n.status() for n in honest]
+    assert flipping.faults.get("flip", 0) >= 1, "the liar was asked"
+    assert sum(s["cluster"]["peer_failures"]["corrupt"] for s in statuses) >= 1
+    assert sum(s["engine"]["verify_failures"] for s in statuses) >= 1
+
+
+def test_an_unproved_stale_or_replayed_request_gets_401_and_no_data(cluster):
+    node = cluster.add(HOSTS[0])
+    cluster.start(node, spec=f"{node.address},127.0.0.9:9", live=1)
+    cluster.stage_everywhere([node])
+    m = cluster.corpus.manifest
+    digest, size = m.digest(0), int(m.sizes[0])
+    secret = cluster.secret.read_text().strip().encode()
+    ask = PeerRequest(digest, 0, m.block_size, size, m.block_size, 0, "", "", "hold", "127.0.0.9:9")
+    url = f"http://{node.address}{BLOBS_PATH}{digest}"
+
+    async def get(headers: dict[str, str]) -> tuple[int, bytes]:
+        async with aiohttp.ClientSession() as client:
+            async with client.get(url, params=ask.query(), headers={**ask.headers(), **headers}) as response:
+                return response.status, await response.read()
+
+    async def run() -> None:
+        good = PeerAuth(secret).sign("GET", digest, ask.start, ask.end, ask.context())
+        status, body = await get(good)
+        assert status == 200 and body == (cluster.corpus.root / m.paths[0]).read_bytes()[:m.block_size]
+        assert await get(good) == (401, b"")  # replayed
+        assert await get({}) == (401, b"")  # no signature
+        other = PeerAuth(b"not-the-cluster-secret-at-all!!!").sign("GET", digest, ask.start, ask.end, ask.context())
+        assert await get(other) == (401, b"")
+        stale = PeerAuth(secret, clock=lambda: time.time() - 120).sign("GET", digest, ask.start, ask.end,
+                                                                       ask.context())
+        assert await get(stale) == (401, b"")
+        wider = PeerAuth(secret).sign("GET", digest, ask.start, ask.end, ask.context())
+        async with aiohttp.ClientSession() as client:  # a signature for one range does not open another
+            async with client.get(url, params={**ask.query(), "end": str(size)},
+                                  headers={**ask.headers(), **wider}) as response:
+                assert (response.status, await response.read()) == (401, b"")
+            async with client.get(f"http://{node.address}/healthz") as response:
+                assert response.status == 200  # health needs no proof and gives no data
+
+    asyncio.run(run())
+    counters = node.status()["cluster"]
+    assert counters["requests_unauthorized"] == 5 and counters["requests_served"] == 1
