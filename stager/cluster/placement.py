@@ -71,15 +71,7 @@ class PeerRing:
     def upstream(self, digest: str) -> list[str]:
         """The members this node asks for ``digest``, nearest first: its parent in the blob's tree, that
         one's parent, ..., the owner. Empty for the owner itself."""
-        order = self.ranking(digest)
-        if self.me not in self.members:
-            return order[:1]
-        rank = order.index(self.me)
-        chain: list[str] = []
-        while rank > 0:
-            rank = (rank - 1) // self.fanout
-            chain.append(order[rank])
-        return chain
+        return upstream_in(self.ranking(digest), self.me, self.fanout)
 
     def successors(self, digest: str, count: int) -> list[str]:
         """The ``count`` members ranked after the owner: who owned ``digest`` before a member joined."""
@@ -87,12 +79,30 @@ class PeerRing:
 
     def children(self, digest: str) -> list[str]:
         """The members that ask this node for ``digest`` first (its children in the blob's tree)."""
-        order = self.ranking(digest)
-        if self.me not in self.members:
-            return []
-        rank = order.index(self.me)
-        first = rank * self.fanout + 1
-        return order[first:first + self.fanout]
+        return children_in(self.ranking(digest), self.me, self.fanout)
+
+
+def upstream_in(order: Sequence[str], me: str, fanout: int) -> list[str]:
+    """In a blob's ranking ``order``: whom ``me`` asks, nearest first (parent, grandparent, ..., owner).
+
+    A node outside ``order`` asks the owner alone; the owner asks nobody.
+    """
+    if me not in order:
+        return list(order[:1])
+    rank = order.index(me)
+    chain: list[str] = []
+    while rank > 0:
+        rank = (rank - 1) // fanout
+        chain.append(order[rank])
+    return chain
+
+
+def children_in(order: Sequence[str], me: str, fanout: int) -> list[str]:
+    """In a blob's ranking ``order``: the members whose parent is ``me``."""
+    if me not in order:
+        return []
+    first = order.index(me) * fanout + 1
+    return list(order[first:first + fanout])
 
 
 def share(members: Sequence[str], digests: Sequence[str]) -> dict[str, int]:
