@@ -15,7 +15,8 @@ import ssl
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .membership import PeerSpec, parse_peer_spec, split_address
+from ..daemon.config import parse_address
+from .membership import PeerSpec, parse_peer_spec
 from .placement import DEFAULT_FANOUT
 
 
@@ -58,8 +59,8 @@ class PeerConfig:
     @classmethod
     def build(cls, listen: str, peers: str, secret: bytes, **settings: object) -> "PeerConfig":
         """From the flags' text. Raises ConfigError naming the flag."""
-        host, port = split_address(listen, None, what="--peer-listen")
-        return cls((host.strip("[]"), port), parse_peer_spec(peers, port), secret, **settings)  # type: ignore[arg-type]
+        host, port = parse_address(listen, what="--peer-listen")
+        return cls((host, port), parse_peer_spec(peers, port), secret, **settings)  # type: ignore[arg-type]
 
     @property
     def tls(self) -> bool:
