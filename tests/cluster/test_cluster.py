@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
+import ssl
+import subprocess
 import time
+from pathlib import Path
 
 import aiohttp
+import pytest
 
 from stager.cluster.auth import PeerAuth
 from stager.cluster.request import BLOBS_PATH, PeerRequest
@@ -118,3 +123,42 @@ def test_an_unproved_stale_or_replayed_request_gets_401_and_no_data(cluster):
     asyncio.run(run())
     counters = node.status()["cluster"]
     assert counters["requests_unauthorized"] == 5 and counters["requests_served"] == 1
+
+
+def make_tls(directory: Path) -> dict[str, Path]:
+    """A CA and one certificate it signed (every node may use the same), made with openssl."""
+    files = {name: directory / name for name in ("ca.key", "ca.crt", "node.key", "node.csr", "node.crt")}
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for argv in (["req", "-x509", *ec, "-keyout", files["ca.key"], "-out", files["ca.crt"], "-days", "1",
+                  "-subj", "/CN=stager test CA"],
+                 ["req", *ec, "-keyout", files["node.key"], "-out", files["node.csr"], "-subj", "/CN=stager node"],
+                 ["x509", "-req", "-in", files["node.csr"], "-CA", files["ca.crt"], "-CAkey", files["ca.key"],
+                  "-CAcreateserial", "-out", files["node.crt"], "-days", "1"]):
+        subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True, timeout=30)
+    return files
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make certificates")
+def test_over_tls_with_a_ca_nodes_share_and_a_client_without_a_certificate_is_refused(cluster, tmp_path):
+    tls = make_tls(tmp_path)
+    flags = ["--peer-tls-cert", str(tls["node.crt"]), "--peer-tls-key", str(tls["node.key"]),
+             "--peer-tls-ca", str(tls["ca.crt"])]
+    nodes = [cluster.add(h, extra=flags) for h in HOSTS[:2]]
+    cluster.start(*nodes)
+    before = origin_bytes(cluster)
+    cluster.stage_everywhere()
+    for node in nodes:
+        cluster.assert_complete_and_exact(node)
+    total = cluster.corpus.manifest.total_bytes
+    assert origin_bytes(cluster) - before <= 1.1 * total + 4 * cluster.corpus.manifest_size
+    assert sum(n.status()["cluster"]["bytes_from_peers"] for n in nodes) >= 0.9 * total
+
+    async def without_certificate() -> None:
+        context = ssl.create_default_context(cafile=str(tls["ca.crt"]))
+        context.check_hostname = False
+        async with aiohttp.ClientSession() as client:
+            with pytest.raises((aiohttp.ClientError, ssl.SSLError, OSError)):
+                async with client.get(f"https://{nodes[0].address}/healthz", ssl=context) as response:
+                    await response.read()
+
+    asyncio.run(without_certificate())
