@@ -38,6 +38,8 @@ KINDS = ("list", "slurm", "dns", "file")
 #: Health checks in a row without an answer before a peer counts as down (a refusal counts at once):
 #: a node busy starting its consumers must not drop out of everyone's ring for a moment.
 SILENT_CHECKS = 3
+#: Live peers health-checked per round, and down peers (a failed request marks one down at once anyway).
+CHECKS_PER_ROUND = 32
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
@@ -278,14 +280,24 @@ class Membership:
         return self.members != before
 
     async def run(self, healthy: Callable[[str], Awaitable[bool | None]], interval: float) -> None:
-        """Forever: health-check every peer each ``interval`` seconds, and refresh the list when due.
+        """Forever: health-check peers every ``interval`` seconds, and refresh the list when due.
 
         ``healthy(peer)`` is True (it answers), False (it refuses: down at once) or None (no answer in
-        time: down after :data:`SILENT_CHECKS` in a row)."""
+        time: down after :data:`SILENT_CHECKS` in a row). Each round checks at most
+        :data:`CHECKS_PER_ROUND` peers (in turn, so a large cluster is swept over several rounds
+        rather than every node asking every other one every 2 s) and at most as many down ones."""
         next_refresh = self._clock() + self.refresh_interval
         silent: dict[str, int] = {}
+        turn = 0
         while True:
-            peers = self.peers
+            everyone = self.peers
+            if len(everyone) > CHECKS_PER_ROUND:
+                turn %= len(everyone)
+                chosen = (everyone + everyone)[turn:turn + CHECKS_PER_ROUND]
+                turn += CHECKS_PER_ROUND
+            else:
+                chosen = everyone
+            peers = list(dict.fromkeys(chosen + self.down()[:CHECKS_PER_ROUND]))
             if peers:
                 answers = await asyncio.gather(*(healthy(p) for p in peers))
                 for peer, ok in zip(peers, answers, strict=True):
@@ -299,4 +311,5 @@ class Membership:
             if self._clock() >= next_refresh or self.spec.kind == "file":
                 next_refresh = self._clock() + self.refresh_interval
                 await self.refresh()
+                silent = {p: n for p, n in silent.items() if p in self.members}
             await asyncio.sleep(interval)

@@ -82,8 +82,8 @@ class _SnapshotCollector(Collector):
         yield gauge("daemon_start_time_seconds", "When the daemon started (seconds since the epoch).", s.started)
         yield gauge("daemon_draining", "1 while the daemon is stopping.", float(s.draining))
 
-        yield counter("staged_bytes", "Verified bytes written to the cache from the origin.", e["bytes_fetched"])
-        yield counter("staged_blocks", "Verified blocks written to the cache from the origin.", e["blocks_fetched"])
+        yield counter("staged_bytes", "Verified bytes written to the cache (from the origin or peers).", e["bytes_fetched"])
+        yield counter("staged_blocks", "Verified blocks written to the cache (from the origin or peers).", e["blocks_fetched"])
         yield counter("staged_origin_bytes", "Of the staged bytes, those fetched from the origin.",
                       e.get("bytes_from_origin", e["bytes_fetched"]))
         yield counter("staged_peer_bytes", "Of the staged bytes, those received from peer nodes (verified).",

@@ -123,6 +123,9 @@ def test_an_unproved_stale_or_replayed_request_gets_401_and_no_data(cluster):
     asyncio.run(run())
     counters = node.status()["cluster"]
     assert counters["requests_unauthorized"] == 5 and counters["requests_served"] == 1
+    printed = node.cli_status()  # and `stager status` says so
+    assert f"cluster node {node.address}" in printed and "1 of 2 members live, down: 127.0.0.9:9" in printed
+    assert "5 unauthorized requests refused" in printed
 
 
 def make_tls(directory: Path) -> dict[str, Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -91,3 +92,26 @@ def test_a_bad_line_in_the_file_is_named(tmp_path):
     path.write_text("127.0.0.2:7070\n127.0.0.3:port\n")
     with pytest.raises(ConfigError, match="line 2"):
         read_members(parse_peer_spec(f"file:{path}", 7070))
+
+
+async def test_health_checks_sweep_a_large_cluster_in_turns_and_bring_the_down_back():
+    members = ",".join(f"10.1.{i // 250}.{i % 250}:7070" for i in range(100)) + ",127.0.0.3:7070"
+    m = await loaded(members)
+    asked: list[str] = []
+
+    async def healthy(peer: str) -> bool | None:
+        asked.append(peer)
+        return peer != "10.1.0.1:7070" or len(asked) > 150
+
+    task = asyncio.create_task(m.run(healthy, 0.001))
+    try:
+        for _ in range(2000):  # bounded
+            if len(asked) >= 200:
+                break
+            await asyncio.sleep(0.001)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    peers = {f"10.1.{i // 250}.{i % 250}:7070" for i in range(100)}
+    assert peers <= set(asked[:4 * 33])  # 32 a round in turn (and the down one again): all within four rounds
+    assert "10.1.0.1:7070" not in m.down()  # refused, then answered again
