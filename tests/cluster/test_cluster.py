@@ -165,3 +165,14 @@ def test_over_tls_with_a_ca_nodes_share_and_a_client_without_a_certificate_is_re
                     await response.read()
 
     asyncio.run(without_certificate())
+
+
+def test_with_peers_slurm_the_nodes_of_a_job_find_each_other(cluster, monkeypatch):
+    nodes = [cluster.add(h) for h in HOSTS[:2]]
+    port = nodes[0].port
+    for node in nodes:
+        node.port = port  # a Slurm job's nodes all listen on the same port, each on its own host
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "127.0.0.[2-3]")
+    cluster.start(*nodes, spec="slurm", live=2)
+    assert [n.status()["cluster"]["me"] for n in nodes] == [n.address for n in nodes]
+    assert nodes[0].status()["cluster"]["members"] == sorted(n.address for n in nodes)
