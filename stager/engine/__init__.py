@@ -7,7 +7,11 @@ through a :class:`PriorityGate`; a blob a consumer blocks on jumps the queue.
 Each blob is fetched once however many plans want it (``BlobJob``, shared
 through ``asyncio.shield``), and once across processes sharing a cache (the
 cache's file lock). A blob's bytes come from its :mod:`.source` list (the origin
-unless a peer stands before it). See :mod:`.fetcher` for one blob's path from origin to cache.
+unless a peer stands before it). One blob's path from origin to cache: :mod:`.job`
+(single flight, locks, commit), :mod:`.spans` (blocks into requests),
+:mod:`.span_fetch` (a request from the sources, hedged), :mod:`.span_writer`
+(its body into the partial file, verified block by block); the parts share a
+:class:`~.context.FetchContext`, not the engine.
 """
 
 from .dataset import BlobRef, Dataset

@@ -11,7 +11,7 @@ from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from stager.engine import Engine
 from stager.engine.source import BlobSource, OriginSource
 from stager.errors import PeerError
-from stager.store import LocalStore, RangeSink
+from stager.store import LocalStore, RangeSink, StoreOptions
 
 from .corpus import BLOCK, assert_cache_matches, make_corpus
 
@@ -26,7 +26,7 @@ class StoreSource(BlobSource):
     """A second copy of the dataset in a local store (standing where a peer will stand)."""
 
     def __init__(self, root: Path) -> None:
-        self.store = LocalStore(str(root), retry=FAST_RETRY)
+        self.store = LocalStore(str(root), options=StoreOptions(retry=FAST_RETRY))
         self.name = f"copy at {root.name}"
         self.reads = 0
 
@@ -81,9 +81,16 @@ def flip(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
-async def stage(engine: Engine, url: str):
-    dataset = await engine.open_dataset(SourceConfig(url))
-    return dataset, await asyncio.gather(*(engine.ensure(dataset.ref(i)) for i in range(len(dataset.manifest))))
+async def stage(peer: BlobSource | None, proxy, root: Path, manifest, cache_dir: Path) -> tuple[dict, int]:
+    """Every shard staged through ``proxy`` with ``peer`` before the origin (none: the origin alone),
+    checked byte for byte: the engine's counters, and the bytes the origin sent meanwhile."""
+    with CacheTier(CacheConfig(cache_dir, capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(), sources=None if peer is None else Sources(peer)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            before = proxy.bytes_forwarded
+            await asyncio.wait_for(asyncio.gather(*(engine.ensure(dataset.ref(i)) for i in range(len(manifest)))), 30)
+            assert_cache_matches(cache, manifest, root)
+            return engine.stats.as_dict(), proxy.bytes_forwarded - before
 
 
 async def test_a_source_serving_flipped_bytes_is_skipped_for_the_blocks_it_did_not_verify(http_origin, fault_proxy,
@@ -94,46 +101,32 @@ async def test_a_source_serving_flipped_bytes_is_skipped_for_the_blocks_it_did_n
     shutil.copytree(root, copy)
     bad = manifest.paths[1]
     flip(copy / bad, BLOCK + 7)  # block 1 of one shard rotted in the second copy
-    proxy = fault_proxy(http_origin)
     peer = StoreSource(copy)
     total = sum(int(s) for s in manifest.sizes)
-    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
-        async with Engine(cache, fetch_config(), sources=Sources(peer)) as engine:
-            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
-            before = proxy.bytes_forwarded
-            await asyncio.gather(*(engine.ensure(dataset.ref(i)) for i in range(len(manifest))))
-            assert_cache_matches(cache, manifest, root)
-            stats = engine.stats.as_dict()
-            # block 0 of the bad shard came from the copy; its first bad attempt is retried within the
-            # copy's budget, its second moves to the origin, which sends the rest of that shard alone
-            rest = int(manifest.sizes[list(manifest.paths).index(bad)]) - BLOCK
-            assert proxy.bytes_forwarded - before == rest
-            assert (stats["bytes_from_origin"], stats["bytes_from_peers"]) == (rest, total - rest)
-            assert stats["bytes_fetched"] == total
-            assert (stats["source_failures_peer"], stats["source_failures_origin"]) == (1, 0)
-            assert stats["verify_failures"] == 2
-        await peer.store.close()
+    stats, from_origin = await stage(peer, fault_proxy(http_origin), root, manifest, tmp_path / "cache")
+    await peer.store.close()
+    # block 0 of the bad shard came from the copy; its first bad attempt is retried within the
+    # copy's budget, its second moves to the origin, which sends the rest of that shard alone
+    rest = int(manifest.sizes[list(manifest.paths).index(bad)]) - BLOCK
+    assert from_origin == rest
+    assert (stats["bytes_from_origin"], stats["bytes_from_peers"]) == (rest, total - rest)
+    assert stats["bytes_fetched"] == total
+    assert (stats["source_failures_peer"], stats["source_failures_origin"]) == (1, 0)
+    assert stats["verify_failures"] == 2
 
 
 async def test_a_source_that_fails_midway_leaves_the_remaining_blocks_to_the_origin(http_origin, fault_proxy,
                                                                                     tmp_path):
     root = http_origin.root / "corpus"
     manifest = make_corpus(root, shards=2)
-    proxy = fault_proxy(http_origin)
     peer = CutShort(root, blocks=2)
     total = sum(int(s) for s in manifest.sizes)
-    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
-        async with Engine(cache, fetch_config(), sources=Sources(peer)) as engine:
-            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
-            before = proxy.bytes_forwarded
-            await asyncio.gather(*(engine.ensure(dataset.ref(i)) for i in range(len(manifest))))
-            assert_cache_matches(cache, manifest, root)
-            stats = engine.stats.as_dict()
-            from_peer = 2 * BLOCK * len(manifest)
-            assert (stats["bytes_from_peers"], stats["bytes_from_origin"]) == (from_peer, total - from_peer)
-            assert proxy.bytes_forwarded - before == total - from_peer  # verified blocks are not asked again
-            assert (peer.reads, stats["source_failures_peer"]) == (len(manifest), len(manifest))
-        await peer.store.close()
+    stats, from_origin = await stage(peer, fault_proxy(http_origin), root, manifest, tmp_path / "cache")
+    await peer.store.close()
+    from_peer = 2 * BLOCK * len(manifest)
+    assert (stats["bytes_from_peers"], stats["bytes_from_origin"]) == (from_peer, total - from_peer)
+    assert from_origin == total - from_peer  # the blocks verified from the peer are not asked again
+    assert (peer.reads, stats["source_failures_peer"]) == (len(manifest), len(manifest))
 
 
 async def test_a_source_that_does_not_answer_times_out_to_the_origin_and_a_block_read_works_too(
@@ -156,13 +149,10 @@ async def test_a_source_that_does_not_answer_times_out_to_the_origin_and_a_block
         await peer.store.close()
 
 
-async def test_without_sources_every_byte_is_from_the_origin(http_origin, tmp_path):
+async def test_without_sources_every_byte_is_from_the_origin(http_origin, fault_proxy, tmp_path):
     root = http_origin.root / "corpus"
     manifest = make_corpus(root, shards=2)
-    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
-        async with Engine(cache, fetch_config()) as engine:
-            await stage(engine, f"{http_origin.url}/corpus")
-            stats = engine.stats.as_dict()
-            assert stats["bytes_from_origin"] == stats["bytes_fetched"] == sum(int(s) for s in manifest.sizes)
-            assert (stats["bytes_from_peers"], stats["source_failures_peer"], stats["source_failures_origin"]) == \
-                (0, 0, 0)
+    total = sum(int(s) for s in manifest.sizes)
+    stats, from_origin = await stage(None, fault_proxy(http_origin), root, manifest, tmp_path / "cache")
+    assert stats["bytes_from_origin"] == stats["bytes_fetched"] == from_origin == total
+    assert (stats["bytes_from_peers"], stats["source_failures_peer"], stats["source_failures_origin"]) == (0, 0, 0)
