@@ -47,7 +47,7 @@ def test_an_owner_killed_mid_transfer_leaves_every_other_node_complete_and_exact
     nodes = [cluster.add(h) for h in HOSTS[:3]]
     cluster.start(*nodes)
     total = cluster.corpus.manifest.total_bytes
-    cluster.proxy.update(connection_bps=1_000_000)  # slow enough to be mid-transfer when the owner dies
+    cluster.proxy.update(connection_bps=2_000_000)  # slow enough to be mid-transfer when the owner dies
     victim = nodes[0]
 
     async def run() -> None:

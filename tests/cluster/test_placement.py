@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from stager.cluster.placement import PeerRing, ranked, share
+from stager.cluster.placement import PeerRing, children_in, ranked, share, upstream_in
 
 DIGESTS = [secrets.token_hex(16) for _ in range(4000)]
 MEMBERS = [f"127.0.0.{i}:7070" for i in range(2, 12)]
@@ -45,20 +45,22 @@ def test_every_member_sees_the_same_owner_and_shares_are_even():
 def test_the_spreading_tree_bounds_what_a_node_sends_and_reaches_the_owner():
     members = [f"10.0.{i // 250}.{i % 250}:7070" for i in range(1000)]
     digest = DIGESTS[0]
-    rings = {m: PeerRing(members, m, fanout=4) for m in members}
+    order = PeerRing(members, members[0], fanout=4).ranking(digest)  # the same on every node
     asked = {m: 0 for m in members}
     depth = 0
-    for me, ring in rings.items():
-        chain = ring.upstream(digest)
-        if ring.is_owner(digest):
+    for me in members:
+        chain = upstream_in(order, me, 4)
+        if me == order[0]:
             assert chain == []
             continue
-        assert chain[-1] == ring.owner(digest)
+        assert chain[-1] == order[0]
         asked[chain[0]] += 1
         depth = max(depth, len(chain))
-        assert me in rings[chain[0]].children(digest)
+        assert me in children_in(order, chain[0], 4)
     assert max(asked.values()) <= 4  # each node is asked first by at most `fanout` others
     assert depth <= 5  # log4(1000) ~ 5
+    ring = PeerRing(members, order[5], fanout=4)
+    assert ring.upstream(digest) == upstream_in(order, order[5], 4) and ring.children(digest) == order[21:25]
 
 
 def test_a_node_outside_the_members_asks_the_owner_and_owns_nothing():
