@@ -106,8 +106,8 @@ class Holdings:
         ref = self._ref(request)
         if ref is None and not held and request.mode != "hold":
             ref = await self._wait_for_version(request)
-        if held and ref is None:
-            return self._held_blocks(request)
+        if held and (ref is None or request.mode == "hold"):
+            return self._held_blocks(request)  # read as held; never a fetch, even if it is evicted meanwhile
         if ref is None or not (held or self._may_fetch(request)):
             return None
         if not held:
