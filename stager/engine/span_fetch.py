@@ -1,9 +1,10 @@
 """One span's fetch: its blocks from the blob's sources in turn, through the gate, hedged at the origin.
 
 A :class:`SpanFetch` asks the blob's sources (:mod:`.source`) in order for
-the blocks still unverified, taking a gate slot for the span only for the
-origin (a peer's answer may wait on a fetch that peer makes for this node
-through its own gate). A source
+the span's blocks still unverified; only a request to the origin takes a slot
+of the engine's priority gate (a peer's answer may wait on a fetch that peer
+makes for this node: two nodes whose slots all waited on each other would
+stall), requests to peers being bounded by their own client. A source
 before the last is not hedged; it is skipped, and the next one takes the
 blocks it did not verify, when it raises :class:`~stager.errors.BlobSourceError`,
 exceeds its own ``timeout``, or sends bytes that fail verification more than
@@ -53,7 +54,6 @@ class SpanFetch:
     async def run(self) -> None:
         ctx, span = self._ctx, self._span
         indexes = span.indexes
-        start, end = self._range(indexes[0], indexes[-1])
         try:
             sources = ctx.sources.for_blob(self._ref)
             for n, source in enumerate(sources):
@@ -61,11 +61,7 @@ class SpanFetch:
                 if not todo:
                     break
                 if n == len(sources) - 1:  # the origin: its retry policy, hedged, its errors stand
-                    # Only origin requests take a slot of the gate: a peer's answer may wait on a fetch that
-                    # peer makes for this node, and two nodes whose slots all waited on each other would
-                    # both stall (peer requests are bounded by the peer client's connections instead).
-                    async with ctx.gate.slot(span.priority, owner=span, nbytes=end - start):
-                        await self._from_origin(source, todo[0], todo[-1])
+                    await self._from_origin(source, todo[0], todo[-1])
                     break
                 try:
                     await self._from_source(source, todo[0], todo[-1])
@@ -104,15 +100,19 @@ class SpanFetch:
         def in_memory() -> Awaitable[bytes]:  # the hedge: must not write where the first request writes
             return source.read(ref, start, end, check=lambda data: self._check(indexes, start, data))
 
-        delay = ctx.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
-            if config.hedge else None
-        began = time.monotonic()
-        data, hedge_won = await hedged(stream, delay, self._count_hedge, make_hedge=in_memory)
-        ctx.latency.record(time.monotonic() - began, end - start)
-        if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
-            ctx.stats.hedges_won += 1
-            await write_held(ctx.disk, self._partial, ref, indexes, start, data, durable=config.durable,
-                             verified=self._verified(source.kind))
+        # Only origin requests take a slot of the gate: a peer's answer may wait on a fetch that peer
+        # makes for this node, and two nodes whose slots all waited on each other would both stall
+        # (requests to peers are bounded by their own client's connections instead).
+        async with ctx.gate.slot(self._span.priority, owner=self._span, nbytes=end - start):
+            delay = ctx.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
+                if config.hedge else None
+            began = time.monotonic()
+            data, hedge_won = await hedged(stream, delay, self._count_hedge, make_hedge=in_memory)
+            ctx.latency.record(time.monotonic() - began, end - start)
+            if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
+                ctx.stats.hedges_won += 1
+                await write_held(ctx.disk, self._partial, ref, indexes, start, data, durable=config.durable,
+                                 verified=self._verified(source.kind))
 
     def _count_hedge(self) -> None:
         self._ctx.stats.hedged_requests += 1
