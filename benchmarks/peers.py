@@ -16,6 +16,7 @@ one node's at every N; the s5cmd copies take about N times as long.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import secrets
 import shutil
@@ -24,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, precompile_stager, s5cmd_binary, table  # noqa: E402
@@ -54,6 +57,20 @@ def wait_ready(socket: Path, proc: subprocess.Popen, timeout: float = 60.0) -> N
     raise SystemExit(f"the daemon on {socket} did not answer in {timeout}s")
 
 
+def wait_formed(socket: Path, n: int, timeout: float = 60.0) -> None:
+    """Until the daemon on ``socket`` counts ``n`` members live (its health checks run every 2 s)."""
+    async def live() -> int:
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(socket))) as client:
+            async with client.get("http://stager/v1/status", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                return len((await r.json())["cluster"]["live"])
+
+    deadline = time.monotonic() + timeout
+    while asyncio.run(live()) < n:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the daemon on {socket} did not see {n} live members in {timeout}s")
+        time.sleep(0.2)
+
+
 def cluster_run(n: int, server: S3Server, proxy: FaultProxy, work: Path, nbytes: int) -> tuple[float, float]:
     """(seconds until all N nodes hold the dataset, origin bytes / dataset)."""
     secret = work / "secret"
@@ -76,7 +93,9 @@ def cluster_run(n: int, server: S3Server, proxy: FaultProxy, work: Path, nbytes:
                                             cwd=REPO))
         for (_, _, folder), proc in zip(nodes, daemons):
             wait_ready(folder / "d.sock", proc)
-        time.sleep(2.5 if n > 1 else 0)  # one round of health checks: every node sees the others
+        if n > 1:
+            for _, _, folder in nodes:
+                wait_formed(folder / "d.sock", n)
         before = proxy.bytes_forwarded
         began = time.monotonic()
         stages = [subprocess.Popen([sys.executable, "-m", "stager", "stage", "s3://bench/corpus", "--cache",
