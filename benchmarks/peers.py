@@ -78,7 +78,7 @@ def cluster_run(n: int, server: S3Server, proxy: FaultProxy, work: Path, nbytes:
     nodes = []
     for i in range(n):
         host = f"127.0.0.{2 + i}"
-        folder = Path(tempfile.mkdtemp(prefix="stg-bench-", dir="/tmp"))  # short: it holds a Unix socket
+        folder = Path(tempfile.mkdtemp(prefix="stg-"))  # short (it holds a Unix socket): not under --work
         nodes.append((host, free_port(host), folder))
     spec = ",".join(f"{h}:{p}" for h, p, _ in nodes)
     daemons = []

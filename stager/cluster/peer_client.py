@@ -112,12 +112,8 @@ class PeerClient:
             raise PeerError(f"peer {peer}: {exc}", "corrupt") from exc
         except (CacheError, asyncio.CancelledError):
             raise  # this node's own disk, or its caller: nothing to hold against the peer
-        except asyncio.TimeoutError as exc:
-            raise PeerError(f"peer {peer}: no answer within the deadline", "timeout") from exc
-        except aiohttp.ClientPayloadError as exc:
-            raise PeerError(f"peer {peer}: the body was cut short ({exc})", "protocol") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise PeerError(f"peer {peer}: unreachable ({exc})", "down") from exc
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise _translated(peer, exc) from exc
 
     async def read(self, peer: str, ask: PeerRequest) -> bytes:
         """The range in memory (for the engine's hedge). Raises like :meth:`read_into` (no verification)."""
@@ -148,15 +144,22 @@ class PeerClient:
                 return True
         except PeerError:
             raise
-        except asyncio.TimeoutError as exc:
-            raise PeerError(f"peer {peer}: no answer within the deadline", "timeout") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise PeerError(f"peer {peer}: unreachable ({exc})", "down") from exc
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise _translated(peer, exc) from exc
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _translated(peer: str, exc: BaseException) -> PeerError:
+    """aiohttp's and the socket's errors as the one error of a peer request, by kind."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return PeerError(f"peer {peer}: no answer within the deadline", "timeout")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return PeerError(f"peer {peer}: the body was cut short ({exc})", "protocol")
+    return PeerError(f"peer {peer}: unreachable ({exc})", "down")
 
 
 def _check_status(peer: str, status: int) -> None:

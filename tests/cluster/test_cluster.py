@@ -14,7 +14,9 @@ import aiohttp
 import pytest
 
 from stager.cluster.auth import PeerAuth
+from stager.cluster.peer_client import PeerClient
 from stager.cluster.request import BLOBS_PATH, PeerRequest
+from stager.errors import PeerError
 from stager.testing import FaultPlan
 from tests.cluster.support import Cluster
 from tests.daemon.support import wait_until
@@ -119,13 +121,25 @@ def test_an_unproved_stale_or_replayed_request_gets_401_and_no_data(cluster):
                 assert (response.status, await response.read()) == (401, b"")
             async with client.get(f"http://{node.address}/healthz") as response:
                 assert response.status == 200  # health needs no proof and gives no data
+        client = PeerClient(PeerAuth(secret), lambda: "127.0.0.9:9")
+        stranger = PeerClient(PeerAuth(b"not-the-cluster-secret-at-all!!!"), lambda: "x")
+        try:  # HEAD: presence, proved the same way
+            assert await client.head(node.address, ask)
+            missing = PeerRequest("0" * 32, 0, m.block_size, size, m.block_size, 0, "", "", "hold", "127.0.0.9:9")
+            assert not await client.head(node.address, missing)
+            with pytest.raises(PeerError) as refused:
+                await stranger.head(node.address, ask)
+            assert refused.value.kind == "refused"
+        finally:
+            await client.close()
+            await stranger.close()
 
     asyncio.run(run())
     counters = node.status()["cluster"]
-    assert counters["requests_unauthorized"] == 5 and counters["requests_served"] == 1
+    assert counters["requests_unauthorized"] == 6 and counters["requests_served"] == 1
     printed = node.cli_status()  # and `stager status` says so
     assert f"cluster node {node.address}" in printed and "1 of 2 members live, down: 127.0.0.9:9" in printed
-    assert "5 unauthorized requests refused" in printed
+    assert "6 unauthorized requests refused" in printed
 
 
 def make_tls(directory: Path) -> dict[str, Path]:
