@@ -326,3 +326,16 @@ def with_overrides(obj: Any, **changes: Any) -> Any:
     """``dataclasses.replace`` that ignores None values and unknown names."""
     names = {f.name for f in fields(obj)}
     return replace(obj, **{k: v for k, v in changes.items() if v is not None and k in names})
+
+
+def parse_address(text: str, *, what: str = "--metrics-address") -> tuple[str, int]:
+    """``"127.0.0.1:9464"``, ``"[::1]:9464"`` or ``":9464"`` (all interfaces) to (host, port).
+
+    Raises:
+        ConfigError: not HOST:PORT with a port in 0..65535.
+    """
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what}: {text!r} is not HOST:PORT (example: 127.0.0.1:9464)")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)

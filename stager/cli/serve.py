@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from ..config import FetchConfig
-from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, parse_address
+from ..cluster.membership import parse_peer_spec
+from ..config import FetchConfig, parse_address
+from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig
 from ..daemon_client import default_socket_path
+from ..errors import ConfigError
 from ..event_loop import run_async
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .options import POSITIVE_SIZE, SECONDS, Capacity, SecondsType, checked_by
+from .options import POSITIVE_SIZE, RATE, SECONDS, Capacity, SecondsType, checked_by
+
+if TYPE_CHECKING:
+    from ..cluster import PeerConfig
 
 
 @cli.command("serve")
@@ -40,13 +46,34 @@ from .options import POSITIVE_SIZE, SECONDS, Capacity, SecondsType, checked_by
 @click.option("--local-sources/--no-local-sources", default=True, show_default=True,
               envvar="STAGER_LOCAL_SOURCES", help="Serve datasets on local paths (read with the daemon's "
               "permissions); --no-local-sources serves only s3, gs, az and http(s) URLs, nothing chained.")
+@click.option("--peer-listen", envvar="STAGER_PEER_LISTEN", default=None, metavar="HOST:PORT",
+              callback=checked_by(lambda text: parse_address(text, what="--peer-listen")),
+              help="Serve this node's cache to the cluster's other daemons on HOST:PORT (TCP); with --peers.")
+@click.option("--peers", envvar="STAGER_PEERS", default=None, metavar="SPEC",
+              callback=checked_by(lambda text: parse_peer_spec(text, 1)),
+              help="The cluster's members: host:port,... (this node's own entry is recognised), slurm "
+              "(SLURM_JOB_NODELIST on the --peer-listen port), dns:NAME[:PORT] (A/AAAA records, looked up "
+              "again every 30 s) or file:PATH (one address a line, read again when it changes).")
+@click.option("--peer-secret-file", type=click.Path(dir_okay=False), envvar="STAGER_PEER_SECRET_FILE",
+              default=None, help="The cluster secret (the same on every node, at least 16 bytes); default: "
+              "the variable STAGER_PEER_SECRET. Requests prove it with an HMAC, never sending it.")
+@click.option("--peer-tls-cert", type=click.Path(dir_okay=False), envvar="STAGER_PEER_TLS_CERT", default=None,
+              help="PEM certificate of this node: the peer listener speaks TLS (with --peer-tls-key).")
+@click.option("--peer-tls-key", type=click.Path(dir_okay=False), envvar="STAGER_PEER_TLS_KEY", default=None,
+              help="PEM private key of --peer-tls-cert.")
+@click.option("--peer-tls-ca", type=click.Path(dir_okay=False), envvar="STAGER_PEER_TLS_CA", default=None,
+              help="PEM CA: peers must present certificates it signed, both ways.")
+@click.option("--peer-bandwidth", type=RATE, default=None, envvar="STAGER_PEER_BANDWIDTH", show_default="unlimited",
+              help="Bytes per second this node sends to any one peer (e.g. 500MB/s).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, envvar="STAGER_CONFIG",
               help="TOML config file (the same as `stager --config FILE serve`).")
 def serve_command(cache_dir: str | None, capacity: Capacity, concurrency: int,
                   bandwidth: int | None, no_hedge: bool,
                   retry_deadline: float, direct_writes: bool, window: int, socket_path: Path | None,
                   socket_group: str | None, metrics_address: str | None, drain_timeout: float, lease: float,
-                  local_sources: bool, config_file: str | None) -> None:
+                  local_sources: bool, peer_listen: str | None, peers: str | None, peer_secret_file: str | None,
+                  peer_tls_cert: str | None, peer_tls_key: str | None, peer_tls_ca: str | None,
+                  peer_bandwidth: int | None, config_file: str | None) -> None:
     """Run the node daemon: consumers on this node share its engine and cache through a Unix socket.
 
     TokenDataset, TokenIterator, the mount, `stager stage` and `stager status` find it
@@ -62,4 +89,22 @@ def serve_command(cache_dir: str | None, capacity: Capacity, concurrency: int,
                           metrics_address=metrics_address, drain_timeout=drain_timeout, lease=lease,
                           local_sources=local_sources)
     fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline, window_bytes=window)
-    run_async(run_daemon(daemon, cache_config(cache_dir, capacity, direct_writes), fetch))
+    cluster = peer_config(peer_listen, peers, peer_secret_file, peer_tls_cert, peer_tls_key, peer_tls_ca,
+                          peer_bandwidth)
+    run_async(run_daemon(daemon, cache_config(cache_dir, capacity, direct_writes), fetch, cluster))
+
+
+def peer_config(listen: str | None, peers: str | None, secret_file: str | None, tls_cert: str | None,
+                tls_key: str | None, tls_ca: str | None, bandwidth: int | None) -> "PeerConfig | None":
+    """The cluster settings, or None when this daemon is not a node of a cluster. Raises ConfigError."""
+    if listen is None and peers is None:
+        if secret_file or tls_cert or tls_key or tls_ca or bandwidth:
+            raise ConfigError("the --peer-* settings need --peer-listen and --peers")
+        return None
+    if listen is None or peers is None:
+        raise ConfigError("--peer-listen and --peers go together (this node's address, and the cluster's)")
+    from ..cluster import PeerConfig
+    from ..cluster.auth import load_secret
+
+    return PeerConfig.build(listen, peers, load_secret(secret_file), tls_cert=tls_cert, tls_key=tls_key,
+                            tls_ca=tls_ca, bandwidth=bandwidth)

@@ -83,6 +83,8 @@ def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, soc
             report["daemon"]["fetch"] = {k: v for k, v in (daemon.get("engine") or {}).items()
                                          if k in ("concurrency", "concurrency_peak", "concurrency_ceiling",
                                                   "requests_in_flight", "throughput_bps", "throttle_backoffs")}
+            if "cluster" in daemon:
+                report["cluster"] = {**daemon["cluster"], **_origin_and_peers(daemon.get("engine") or {})}
         click.echo(json.dumps(report, sort_keys=True))
         return
     click.echo(f"cache {directory}: {_size(usage['used'])} used of {_size(usage['capacity'])} "
@@ -96,6 +98,8 @@ def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, soc
             click.echo(f"fetching: {int(e['requests_in_flight'])} requests in flight, limit {int(e['concurrency'])} "
                        f"(peak {int(e['concurrency_peak'])}, ceiling {int(e['concurrency_ceiling'])}), "
                        f"{e['throughput_bps'] / 1e6:,.1f} MB/s, {int(e['throttle_backoffs'])} SlowDown back-offs")
+        if "cluster" in daemon:
+            _echo_cluster(daemon["cluster"], e)
     table = Table("dataset", "shards", "size", "complete", "partial", "staged")
     for d in datasets:
         share = d["complete_bytes"] / d["bytes"] if d["bytes"] else 1.0
@@ -109,6 +113,22 @@ def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, soc
             plans.add_row(p["consumer"], p["plan"], p["dataset"], f"{p['cursor']:,} / {p['length']:,}",
                           f"{p['ready_steps']:,} shards, {_size(p['ready_bytes'])}")
         stderr_console().print(plans)
+
+
+def _origin_and_peers(engine: dict[str, Any]) -> dict[str, int]:
+    return {"staged_from_origin": int(engine.get("bytes_from_origin", 0)),
+            "staged_from_peers": int(engine.get("bytes_from_peers", 0))}
+
+
+def _echo_cluster(c: dict[str, Any], engine: dict[str, Any]) -> None:
+    """The cluster as this node sees it: members, and what crossed the origin and peer links."""
+    staged = _origin_and_peers(engine)
+    failures = ", ".join(f"{n} {kind}" for kind, n in c["peer_failures"].items() if n) or "none"
+    click.echo(f"cluster node {c['me']} ({c['spec']}): {len(c['live'])} of {len(c['members'])} members live"
+               + (f", down: {', '.join(c['down'])}" if c["down"] else ""))
+    click.echo(f"  staged {_size(staged['staged_from_origin'])} from the origin, "
+               f"{_size(staged['staged_from_peers'])} from peers; sent {_size(c['bytes_to_peers'])} to peers; "
+               f"peer failures: {failures}; {c['requests_unauthorized']} unauthorized requests refused")
 
 
 def _read_on_full_disk(config: CacheConfig) -> tuple[str, CacheUsage, list[DatasetSummary]]:

@@ -16,23 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..daemon_client.socket_path import MAX_SOCKET_PATH, default_socket_path
+from ..config import parse_address
 from ..errors import ConfigError
 
 DRAIN_TIMEOUT = 10.0
 LEASE = 60.0
-
-
-def parse_address(text: str, *, what: str = "--metrics-address") -> tuple[str, int]:
-    """``"127.0.0.1:9464"``, ``"[::1]:9464"`` or ``":9464"`` (all interfaces) to (host, port).
-
-    Raises:
-        ConfigError: not HOST:PORT with a port in 0..65535.
-    """
-    host, sep, port = str(text).strip().rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what}: {text!r} is not HOST:PORT (example: 127.0.0.1:9464)")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ from ..daemon_client.protocol import ManifestVersionGone, manifest_fingerprint
 from ..engine import Dataset, Engine
 from ..errors import StagerError
 from ..manifest import Manifest
-from .identity import SourceIdentities
+from ..identity import SourceIdentities
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +77,14 @@ class DatasetVersions:
         self._clock = clock
         self._held: dict[tuple[str, str], HeldVersion] = {}
         self._opening: dict[str, tuple[asyncio.Lock, int]] = {}
+        self.listeners: list[Callable[[], None]] = []  # called when a version is held (the cluster waits on it)
 
     def __len__(self) -> int:
         return len(self._held)
+
+    def versions(self) -> list[HeldVersion]:
+        """Every version held now (the cluster looks here for the one a peer's request names)."""
+        return list(self._held.values())
 
     @contextlib.asynccontextmanager
     async def use(self, source: SourceConfig, fingerprint: str | None) -> AsyncIterator[tuple[Dataset, str]]:
@@ -146,6 +151,8 @@ class DatasetVersions:
                      m.total_bytes)
         held = HeldVersion(dataset, fingerprint, location, self._clock())
         self._held[(access, fingerprint)] = held
+        for listener in self.listeners:
+            listener()
         return held
 
     def _manifest(self, location: str, fingerprint: str) -> Manifest | None:

@@ -56,12 +56,13 @@ class DaemonSnapshot:
     started: float = 0.0
     cache: str = ""
     socket: str = ""
+    cluster: dict | None = None  # ClusterNode.status() when the daemon is a node of a cluster
 
 
 #: (metric name, help, engine counter) of the engine's counters, exported as they are.
 ENGINE_COUNTERS = (
-    ("staged_bytes", "Verified bytes written to the cache from the origin.", "bytes_fetched"),
-    ("staged_blocks", "Verified blocks written to the cache from the origin.", "blocks_fetched"),
+    ("staged_bytes", "Verified bytes written to the cache (from the origin or peers).", "bytes_fetched"),
+    ("staged_blocks", "Verified blocks written to the cache (from the origin or peers).", "blocks_fetched"),
     ("staged_blobs", "Blobs fetched and committed to the cache.", "blobs_completed"),
     ("blobs_already_cached", "Blob fetches that found the blob complete already.", "blobs_already_cached"),
     ("blobs_from_other_process", "Blobs completed by another process sharing the cache.", "blobs_from_other_process"),
@@ -108,6 +109,10 @@ class _SnapshotCollector(Collector):
 
         for name, doc, key in ENGINE_COUNTERS:
             yield counter(name, doc, e[key])
+        yield counter("staged_origin_bytes", "Of the staged bytes, those fetched from the origin.",
+                      e.get("bytes_from_origin", e["bytes_fetched"]))
+        yield counter("staged_peer_bytes", "Of the staged bytes, those received from peer nodes (verified).",
+                      e.get("bytes_from_peers", 0))
         if "concurrency" in e:  # the adaptive limit (engine/concurrency.py) and what it achieves
             for name, doc, key in CONCURRENCY_GAUGES:
                 yield gauge(name, doc, e[key])
@@ -159,6 +164,10 @@ class _SnapshotCollector(Collector):
             length.add_metric(key, p.length)
             window.add_metric(key, p.window_bytes)
         yield from (steps, ready_bytes, cursor, length, window)
+        if s.cluster is not None:
+            from ..cluster.metrics import cluster_metrics
+
+            yield from cluster_metrics(s.cluster)
 
 
 class DaemonMetrics:

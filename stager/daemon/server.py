@@ -31,21 +31,24 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
 
 from .. import __version__
 from ..cache import BlobState, CacheTier
-from ..config import CacheConfig, FetchConfig
+from ..config import CacheConfig, FetchConfig, parse_address
 from ..engine import BlobRef, Dataset, Engine
 from ..errors import ConfigError
 from .api import build_app, build_metrics_app
-from .config import DaemonConfig, parse_address
+from .config import DaemonConfig
 from .datasets import DatasetVersions
 from .listener import SocketOwner
 from .metrics import DaemonMetrics, DaemonSnapshot, PlanSnapshot
 from .plans import PlanRegistry
+
+if TYPE_CHECKING:
+    from ..cluster import ClusterNode, PeerConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,11 @@ class Daemon:
     :func:`run_daemon` adds signal handling for ``stager serve``.
     """
 
-    def __init__(self, config: DaemonConfig, cache: CacheConfig, fetch: FetchConfig = FetchConfig()) -> None:
+    def __init__(self, config: DaemonConfig, cache: CacheConfig, fetch: FetchConfig = FetchConfig(),
+                 peers: "PeerConfig | None" = None) -> None:
         self.config = config
+        self.peers = peers
+        self.cluster: "ClusterNode | None" = None
         self.cache_config = cache
         self.fetch = fetch
         self.pid = os.getpid()
@@ -118,7 +124,14 @@ class Daemon:
         self._owner.acquire()
         try:
             self._cache = await self._in_thread(CacheTier, self.cache_config)
-            self._engine = Engine(self._cache, self.fetch)
+            sources = None
+            if self.peers is not None:  # a node of a cluster: peers are the engine's sources before the origin
+                from ..cluster import ClusterNode
+
+                self.cluster = ClusterNode(self.peers)
+                await self.cluster.prepare()
+                sources = self.cluster.sources
+            self._engine = Engine(self._cache, self.fetch, sources=sources)
             self._engine.add_block_listener(self._on_block)
             self._registry = PlanRegistry(self._engine, self.config.lease)
             self._datasets = DatasetVersions(self._engine, idle=self.config.lease)
@@ -133,6 +146,10 @@ class Daemon:
                     raise ConfigError(f"--metrics-address {self.config.metrics_address}: cannot listen there: "
                                       f"{exc.strerror or exc}") from exc
                 self.metrics_port = runner.addresses[0][1] if runner.addresses else None
+            if self.cluster is not None:
+                await self.cluster.start(self._engine, lambda: [(v.dataset, v.fingerprint)
+                                                                for v in self.datasets.versions()], self.stopping)
+                self.datasets.listeners.append(self.cluster.version_held)
             interval = min(5.0, self.config.lease / 4)
             self._reapers = [asyncio.create_task(self.registry.run_reaper(interval), name="stager lease reaper"),
                              asyncio.create_task(self._drop_idle_datasets(interval), name="stager dataset reaper")]
@@ -242,7 +259,8 @@ class Daemon:
             engine=engine.stats.as_dict(), origin=engine.origin_stats.snapshot(), usage=usage,
             evicted_blobs=cache.evicted_blobs, evicted_bytes=cache.evicted_bytes, plans=plans,
             consumers=len(registry.consumers), datasets=len(self.datasets), draining=self.draining,
-            started=self.started, cache=str(cache.directory), socket=str(self.config.socket))
+            started=self.started, cache=str(cache.directory), socket=str(self.config.socket),
+            cluster=self.cluster.status() if self.cluster is not None else None)
 
     async def status(self) -> dict[str, Any]:
         """The daemon's state as JSON-ready data (``stager status``)."""
@@ -264,6 +282,7 @@ class Daemon:
                        "ready_bytes": p.ready_bytes} for p in snap.plans],
             "engine": snap.engine,
             "origin": snap.origin,
+            **({"cluster": snap.cluster} if snap.cluster is not None else {}),
         }
 
     # -- stop ------------------------------------------------------------------------------------
@@ -314,6 +333,8 @@ class Daemon:
     async def _close(self) -> None:
         for reaper in self._reapers:
             reaper.cancel()
+        if self.cluster is not None:
+            await self.cluster.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
@@ -334,14 +355,15 @@ class Daemon:
         return await loop.run_in_executor(self._queries, functools.partial(fn, *args, **kwargs))
 
 
-async def run_daemon(config: DaemonConfig, cache: CacheConfig, fetch: FetchConfig = FetchConfig()) -> None:
+async def run_daemon(config: DaemonConfig, cache: CacheConfig, fetch: FetchConfig = FetchConfig(),
+                     peers: "PeerConfig | None" = None) -> None:
     """Run a daemon until SIGTERM or SIGINT, then drain and stop (``stager serve``).
 
     Raises:
         DaemonError: another daemon already serves the socket.
         ConfigError, CacheError: as :meth:`Daemon.start`.
     """
-    daemon = Daemon(config, cache, fetch)
+    daemon = Daemon(config, cache, fetch, peers)
     await daemon.start()
     loop = asyncio.get_running_loop()
 

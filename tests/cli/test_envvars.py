@@ -56,7 +56,7 @@ def sample(param: click.Option) -> tuple[str, object]:
         return choice, choice
     if param.name == "shard":
         return "1/3", "1/3"
-    if param.name == "metrics_address":
+    if param.name in ("metrics_address", "peer_listen"):
         return "127.0.0.1:0", "127.0.0.1:0"
     return "/stager-test/somewhere", "/stager-test/somewhere"
 

@@ -42,10 +42,10 @@ class Node:
     def cache(self) -> CacheConfig:
         return CacheConfig(directory=self.work / "cache", capacity=self.capacity)
 
-    async def start(self, fetch: FetchConfig | None = None, **settings: Any) -> Daemon:
+    async def start(self, fetch: FetchConfig | None = None, peers: Any = None, **settings: Any) -> Daemon:
         settings.setdefault("lease", 60.0)
         daemon = Daemon(DaemonConfig(socket=self.socket, **settings), self.cache,
-                        fetch or FetchConfig(concurrency=4, hedge=False, retry=FAST_RETRY))
+                        fetch or FetchConfig(concurrency=4, hedge=False, retry=FAST_RETRY), peers)
         await daemon.start()
         self.daemons.append(daemon)
         return daemon

@@ -44,7 +44,9 @@ def test_the_systemd_unit_runs_serve_and_gives_it_time_to_drain():
 
 
 async def test_every_metric_on_the_dashboard_is_exported(node):
-    daemon = await node.start()
+    from stager.cluster import PeerConfig  # a node of a cluster, so that the cluster's metrics are there too
+
+    daemon = await node.start(peers=PeerConfig.build("127.0.0.2:0", "127.0.0.2:9", b"a-cluster-secret-for-tests"))
     assert (await node.raw("PUT", "/v1/consumers/c/plans/p", json={"dataset": {"url": node.proxy.url}}))[0] == 200
     text = daemon.metrics.render(await daemon.snapshot()).decode()
     exported = set()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stager.config import SourceConfig
-from stager.daemon.identity import SourceIdentities, normalise_url
+from stager.identity import SourceIdentities, normalise_url
 
 SECRET = "sk-the-secret-of-consumer-a"
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stager.daemon.config import DaemonConfig, parse_address
+from stager.config import parse_address
+from stager.daemon.config import DaemonConfig
 from stager.daemon.listener import SocketOwner, answers
 from stager.daemon_client import default_socket_path
 from stager.errors import ConfigError, DaemonError

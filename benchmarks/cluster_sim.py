@@ -1,0 +1,202 @@
+"""A simulated cluster of 10 to 1,000 nodes spreading one shuffle window, driven by the real placement code.
+
+What is real: who owns each blob, whom each node asks and whom it sends to
+(``stager.cluster.placement``: rendezvous ranking of the live members, the
+per-blob spreading tree), re-computed over the live members when nodes die.
+What is modelled (a discrete-event simulation, no sockets): every node needs
+every blob of the window; blocks move whole; each node's uplink is one FIFO
+link of ``--link`` bytes/s (plus a small latency per block), the origin one
+FIFO link of ``--origin`` bytes/s shared by the whole cluster (plus its
+latency per request). A node forwards a block to its children in a blob's
+tree as soon as it holds it (so a blob streams down the tree, pipelined). At
+the middle of the window (half of all deliveries done) ``--die`` of the nodes
+(at least one) die: whatever they were sending is lost, the survivors rank
+the live members again and ask their new parents for what they lack (the new
+owner of a blob fetches what it lacks from the origin).
+
+Prints, per N: origin bytes / window bytes, the most blocks any node sent of
+one blob (in blobs), the time until every live node holds the window, and
+that time divided by log2(N).
+
+    .venv/bin/python benchmarks/cluster_sim.py --nodes 10 100 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import random
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stager.cluster.placement import DEFAULT_FANOUT, children_in, ranked, upstream_in  # noqa: E402
+
+
+@dataclass
+class Result:
+    nodes: int
+    died: int
+    origin_ratio: float
+    max_sends_per_blob: float
+    spread_seconds: float
+    events: int
+    wall: float
+
+
+@dataclass
+class _Node:
+    name: str
+    alive: bool = True
+    uplink_free: float = 0.0
+    have: list[set[int]] = field(default_factory=list)  # per blob: blocks held
+    pending: list[set[int]] = field(default_factory=list)  # per blob: blocks on their way here
+    sent: list[int] = field(default_factory=list)  # per blob: blocks sent to children
+
+
+class Simulation:
+    def __init__(self, n: int, *, blobs: int, blocks: int, block_bytes: int, link: float, origin: float,
+                 peer_latency: float, origin_latency: float, die: float, fanout: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.blocks, self.block_bytes = blocks, block_bytes
+        self.link, self.origin, self.fanout = link, origin, fanout
+        self.peer_latency, self.origin_latency = peer_latency, origin_latency
+        self.digests = [secrets.token_hex(16) for _ in range(blobs)]
+        self.nodes = {f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:7070": None for i in range(n)}
+        self.node = {name: _Node(name, have=[set() for _ in range(blobs)], pending=[set() for _ in range(blobs)],
+                                 sent=[0] * blobs) for name in self.nodes}
+        self.to_kill = max(1, round(n * die)) if die > 0 and n > 1 else 0
+        self.events: list[tuple[float, int, str, tuple]] = []
+        self.seq = 0
+        self.origin_free = 0.0
+        self.origin_blocks = 0
+        self.delivered = 0
+        self.needed = n * blobs * blocks
+        self.died = 0
+        self.done_at = 0.0
+        self._rank()
+
+    def _rank(self) -> None:
+        live = [name for name, node in self.node.items() if node.alive]
+        self.order = [ranked(d, live) for d in self.digests]  # the real rendezvous ranking, per blob
+
+    def _push(self, at: float, kind: str, data: tuple) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, self.seq, kind, data))
+
+    def _from_origin(self, now: float, owner: str, blob: int, block: int) -> None:
+        node = self.node[owner]
+        if block in node.have[blob] or block in node.pending[blob]:
+            return
+        node.pending[blob].add(block)
+        start = max(now, self.origin_free)
+        self.origin_free = start + self.block_bytes / self.origin
+        self.origin_blocks += 1
+        self._push(self.origin_free + self.origin_latency, "arrive", ("origin", owner, blob, block))
+
+    def _send(self, now: float, sender: str, to: str, blob: int, block: int) -> None:
+        src, dst = self.node[sender], self.node[to]
+        if not dst.alive or block in dst.have[blob] or block in dst.pending[blob]:
+            return
+        dst.pending[blob].add(block)
+        start = max(now, src.uplink_free)
+        src.uplink_free = start + self.block_bytes / self.link
+        src.sent[blob] += 1
+        self._push(src.uplink_free + self.peer_latency, "arrive", (sender, to, blob, block))
+
+    def _ask(self, now: float, name: str, blob: int) -> None:
+        """``name`` asks for what it lacks of ``blob``: its parent now, or the origin if it owns it."""
+        node = self.node[name]
+        chain = upstream_in(self.order[blob], name, self.fanout)
+        for block in range(self.blocks):
+            if block in node.have[blob] or block in node.pending[blob]:
+                continue
+            if not chain:
+                self._from_origin(now, name, blob, block)
+            elif block in self.node[chain[0]].have[blob]:
+                self._send(now, chain[0], name, blob, block)
+            # else: the parent forwards it when it arrives there
+
+    def run(self) -> Result:
+        began = time.perf_counter()
+        for block in range(self.blocks):  # the owners start, block by block across the window
+            for blob in range(len(self.digests)):
+                self._from_origin(0.0, self.order[blob][0], blob, block)
+        steps = 0
+        while self.events:
+            now, _, kind, data = heapq.heappop(self.events)
+            steps += 1
+            sender, to, blob, block = data
+            dst = self.node[to]
+            dst.pending[blob].discard(block)
+            if not dst.alive or (sender != "origin" and not self.node[sender].alive) or block in dst.have[blob]:
+                if dst.alive and block not in dst.have[blob]:
+                    self._ask(now, to, blob)  # lost with its sender
+                continue
+            dst.have[blob].add(block)
+            self.delivered += 1
+            self.done_at = max(self.done_at, now)
+            for child in children_in(self.order[blob], to, self.fanout):
+                self._send(now, to, child, blob, block)
+            if self.to_kill and self.delivered >= self.needed // 2:
+                self._kill(now)
+        live = [n for n in self.node.values() if n.alive]
+        assert all(len(h) == self.blocks for n in live for h in n.have), "a live node lacks blocks"
+        total_blocks = len(self.digests) * self.blocks
+        return Result(len(self.node), self.died, self.origin_blocks / total_blocks,
+                      max(max(n.sent) for n in self.node.values()) / self.blocks, self.done_at, steps,
+                      time.perf_counter() - began)
+
+    def _kill(self, now: float) -> None:
+        victims = self.rng.sample(sorted(self.node), self.to_kill)
+        self.to_kill = 0
+        for name in victims:
+            self.node[name].alive = False
+        self.died = len(victims)
+        self.needed -= sum(len(h) for v in victims for h in self.node[v].have)
+        self._rank()  # the survivors' view once health checks found them gone
+        for name, node in self.node.items():
+            if node.alive:
+                for blob in range(len(self.digests)):
+                    self._ask(now, name, blob)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--blobs", type=int, default=16, help="blobs in the shuffle window")
+    parser.add_argument("--blob-mib", type=int, default=64)
+    parser.add_argument("--block-mib", type=int, default=8)
+    parser.add_argument("--link", type=float, default=1.25e9, help="each node's uplink, bytes/s (10 Gb/s)")
+    parser.add_argument("--origin", type=float, default=2.5e9, help="the origin's total egress, bytes/s")
+    parser.add_argument("--peer-latency", type=float, default=0.0002)
+    parser.add_argument("--origin-latency", type=float, default=0.02)
+    parser.add_argument("--die", type=float, default=0.01, help="share of the nodes that die mid-window")
+    parser.add_argument("--fanout", type=int, default=DEFAULT_FANOUT)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    blocks = max(1, args.blob_mib // args.block_mib)
+    window = args.blobs * blocks * args.block_mib << 20
+    print(f"window: {args.blobs} blobs of {args.blob_mib} MiB ({window / 2**30:.2f} GiB), {args.block_mib} MiB "
+          f"blocks; links {args.link / 1e9:.2f} GB/s per node, origin {args.origin / 1e9:.2f} GB/s in all; "
+          f"fanout {args.fanout}; {args.die:.0%} of the nodes die mid-window")
+    print(f"one node alone from the origin: {window / min(args.link, args.origin):.2f} s")
+    print(f"{'nodes':>6} {'died':>5} {'origin/window':>14} {'max sent/blob':>14} {'spread s':>9} "
+          f"{'s/log2(N)':>10} {'events':>8} {'wall s':>7}")
+    for n in args.nodes:
+        random.seed(args.seed)
+        r = Simulation(n, blobs=args.blobs, blocks=blocks, block_bytes=args.block_mib << 20, link=args.link,
+                       origin=args.origin, peer_latency=args.peer_latency, origin_latency=args.origin_latency,
+                       die=args.die, fanout=args.fanout, seed=args.seed).run()
+        print(f"{r.nodes:>6} {r.died:>5} {r.origin_ratio:>14.3f} {r.max_sends_per_blob:>14.2f} "
+              f"{r.spread_seconds:>9.2f} {r.spread_seconds / math.log2(n):>10.3f} {r.events:>8} {r.wall:>7.1f}")
+    print("command: " + " ".join(["benchmarks/cluster_sim.py", *sys.argv[1:]]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Asking peers: signed ranged GETs streamed into a sink, health checks, every failure a PeerError by kind.
+
+One aiohttp session for all peers (at most ``per_peer`` connections to
+each), over TLS when the cluster uses it. Every request has a deadline: a
+connection within ``connect_timeout``, no pause longer than ``idle_timeout``
+between bytes, and the whole body within ``deadline`` plus the time it takes
+at ``min_rate``. aiohttp's errors are translated here, once, into
+:class:`~stager.errors.PeerError` with a ``kind`` (``down``, ``timeout``,
+``refused``, ``missing``, ``corrupt``, ``protocol``) that the engine's
+fallback and the failure counters use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from ..errors import BlobSourceError, CacheError, CorruptData, PeerError
+from ..store.base import RangeSink, feed_sink
+from .auth import PeerAuth
+from .request import BLOBS_PATH, PeerRequest
+
+
+@dataclass(frozen=True, slots=True)
+class PeerTimeouts:
+    """How long a peer may take (seconds; ``min_rate`` in bytes per second)."""
+
+    connect_timeout: float = 2.0
+    idle_timeout: float = 10.0
+    deadline: float = 20.0
+    min_rate: float = 4 << 20
+    health_timeout: float = 2.0
+
+
+class PeerClient:
+    """Signed requests to peers. Use one per node; :meth:`close` when done."""
+
+    def __init__(self, auth: PeerAuth, asker: Callable[[], str], *, ssl_context: ssl.SSLContext | None = None,
+                 timeouts: PeerTimeouts = PeerTimeouts(), per_peer: int = 8) -> None:
+        self.auth = auth
+        self._asker = asker
+        self._ssl = ssl_context
+        self.timeouts = timeouts
+        self.per_peer = per_peer
+        self._session: aiohttp.ClientSession | None = None
+        self._scheme = "https" if ssl_context is not None else "http"
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit_per_host=self.per_peer, ssl=self._ssl or False,
+                                             keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._session
+
+    def url(self, peer: str, path: str) -> str:
+        return f"{self._scheme}://{peer}{path}"
+
+    async def healthy(self, peer: str) -> bool | None:
+        """True if ``peer`` answers ``GET /healthz`` with 200; False if it refuses or answers otherwise;
+        None if it does not answer within the health timeout (busy, or gone: the caller counts these)."""
+        timeout = aiohttp.ClientTimeout(total=self.timeouts.health_timeout)
+        try:
+            async with self._client().get(self.url(peer, "/healthz"), timeout=timeout) as response:
+                return response.status == 200
+        except asyncio.TimeoutError:
+            return None
+        except (aiohttp.ClientError, OSError, ValueError):
+            return False
+
+    def _timeout(self, nbytes: int) -> aiohttp.ClientTimeout:
+        t = self.timeouts
+        return aiohttp.ClientTimeout(total=t.deadline + nbytes / t.min_rate, sock_connect=t.connect_timeout,
+                                     sock_read=t.idle_timeout)
+
+    async def read_into(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink]) -> int:
+        """Stream the range ``ask`` names from ``peer`` into a new sink; the bytes received.
+
+        Raises:
+            PeerError: the peer is down, slow, refuses, lacks the blob, sends a short body, or
+                bytes the sink finds corrupt (kind ``corrupt``).
+        """
+        expected = ask.end - ask.start
+        headers = {**ask.headers(), **self.auth.sign("GET", ask.digest, ask.start, ask.end, ask.context())}
+        try:
+            async with self._client().get(self.url(peer, BLOBS_PATH + ask.digest), params=ask.query(),
+                                          headers=headers, timeout=self._timeout(expected)) as response:
+                _check_status(peer, response.status)
+                if response.content_length != expected:
+                    raise PeerError(f"peer {peer}: answered {response.content_length} bytes for a range of "
+                                    f"{expected}", "protocol")
+                received = 0
+
+                async def chunks() -> AsyncIterator[bytes]:
+                    nonlocal received
+                    async for chunk in response.content.iter_any():
+                        received += len(chunk)
+                        if received > expected:
+                            raise PeerError(f"peer {peer}: sent more than {expected} bytes", "protocol")
+                        yield chunk
+                    if received != expected:
+                        raise PeerError(f"peer {peer}: sent {received} of {expected} bytes", "protocol")
+
+                await feed_sink(open_sink(), chunks())
+                return received
+        except (CorruptData, BlobSourceError) as exc:  # the engine's sink found bytes that fail verification
+            if isinstance(exc, PeerError):
+                raise
+            raise PeerError(f"peer {peer}: {exc}", "corrupt") from exc
+        except (CacheError, asyncio.CancelledError):
+            raise  # this node's own disk, or its caller: nothing to hold against the peer
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise _translated(peer, exc) from exc
+
+    async def read(self, peer: str, ask: PeerRequest) -> bytes:
+        """The range in memory (for the engine's hedge). Raises like :meth:`read_into` (no verification)."""
+        parts: list[bytes] = []
+
+        class _Collect(RangeSink):
+            async def write(self, chunk: bytes) -> None:
+                parts.append(chunk)
+
+            async def close(self) -> None:
+                pass
+
+            async def abort(self) -> None:
+                parts.clear()
+
+        await self.read_into(peer, ask, _Collect)
+        return b"".join(parts)
+
+    async def head(self, peer: str, ask: PeerRequest) -> bool:
+        """True if ``peer`` holds the range verified now. Raises PeerError as :meth:`read_into`."""
+        headers = {**ask.headers(), **self.auth.sign("HEAD", ask.digest, ask.start, ask.end, ask.context())}
+        try:
+            async with self._client().head(self.url(peer, BLOBS_PATH + ask.digest), params=ask.query(),
+                                           headers=headers, timeout=self._timeout(0)) as response:
+                if response.status == 404:
+                    return False
+                _check_status(peer, response.status)
+                return True
+        except PeerError:
+            raise
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise _translated(peer, exc) from exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _translated(peer: str, exc: BaseException) -> PeerError:
+    """aiohttp's and the socket's errors as the one error of a peer request, by kind."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return PeerError(f"peer {peer}: no answer within the deadline", "timeout")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return PeerError(f"peer {peer}: the body was cut short ({exc})", "protocol")
+    return PeerError(f"peer {peer}: unreachable ({exc})", "down")
+
+
+def _check_status(peer: str, status: int) -> None:
+    if status == 200:
+        return
+    if status == 404:
+        raise PeerError(f"peer {peer}: neither holds the blob nor fetches it for this node", "missing")
+    if status == 401:
+        raise PeerError(f"peer {peer}: refused the request (401: is the cluster secret the same on both nodes, "
+                        "and are their clocks within 30 s?)", "refused")
+    if status == 503:
+        raise PeerError(f"peer {peer}: is stopping (503)", "down")
+    raise PeerError(f"peer {peer}: answered HTTP {status}", "protocol")

@@ -1,0 +1,140 @@
+"""The peer API (aiohttp over TCP, optionally TLS): ranged GET and HEAD of a blob's verified blocks, health.
+
+- ``GET /healthz``: 200 ``ok``, no authentication and no data (for probes and peers' health checks);
+  503 while the daemon stops.
+- ``GET /v1/blobs/{digest}?start=&end=&size=&block_size=&index=&mode=``: the bytes of a
+  block-aligned range (``request.py``), streamed block by block as each is read or arrives.
+- ``HEAD /v1/blobs/{digest}?...``: 200 if the range is held verified here now, else 404.
+
+Every ``/v1`` request must carry a valid signature (``auth.py``); any other
+gets 401 and no data. Each asker gets at most ``per_peer`` requests at once
+(more wait their turn) and, with ``bandwidth``, at most that many bytes per
+second. A block that cannot be sent after the answer has started (evicted
+meanwhile, its fetch failed) cuts the connection short, which the asker sees
+as a short body and treats like any failed peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+
+from aiohttp import web
+
+from ..errors import ConfigError
+from ..store.bandwidth import BandwidthLimiter
+from .auth import PeerAuth
+from .holdings import Holdings
+from .request import ASKER_HEADER, BLOBS_PATH, PeerRequest
+from .stats import ClusterStats
+
+log = logging.getLogger(__name__)
+
+#: Askers whose limits are remembered; the least recently seen are forgotten past this.
+MAX_ASKERS = 4096
+
+
+class _AskerLimits:
+    """Per asker: a semaphore on requests at once and an optional byte rate."""
+
+    def __init__(self, per_peer: int, bandwidth: int | None) -> None:
+        self.per_peer = per_peer
+        self.bandwidth = bandwidth
+        self._askers: OrderedDict[str, tuple[asyncio.Semaphore, BandwidthLimiter | None]] = OrderedDict()
+
+    def of(self, asker: str) -> tuple[asyncio.Semaphore, BandwidthLimiter | None]:
+        limits = self._askers.get(asker)
+        if limits is None:
+            limits = (asyncio.Semaphore(self.per_peer),
+                      BandwidthLimiter(self.bandwidth) if self.bandwidth else None)
+            self._askers[asker] = limits
+            while len(self._askers) > MAX_ASKERS:
+                self._askers.popitem(last=False)
+        self._askers.move_to_end(asker)
+        return limits
+
+
+def build_peer_app(auth: PeerAuth, holdings: Holdings, stats: ClusterStats, *, per_peer: int = 8,
+                   bandwidth: int | None = None, stopping: asyncio.Event | None = None) -> web.Application:
+    """The peer listener's application.
+
+    Args:
+        auth: checks every ``/v1`` request's signature.
+        holdings: what this node may send (``holdings.py``).
+        stats: bytes sent, refusals.
+        per_peer: requests served at once to one asker.
+        bandwidth: bytes per second sent to one asker (None: no cap).
+        stopping: set while the daemon stops (health answers 503).
+    """
+    limits = _AskerLimits(per_peer, bandwidth)
+
+    async def healthz(request: web.Request) -> web.Response:
+        if stopping is not None and stopping.is_set():
+            return web.Response(status=503, text="stopping\n")
+        return web.Response(text="ok\n")
+
+    def checked(request: web.Request) -> PeerRequest | web.Response:
+        digest = request.match_info["digest"]
+        try:
+            peer_request = PeerRequest.parse(digest, request.query, request.headers)
+        except ConfigError as exc:
+            stats.requests_unauthorized += 1  # unproved input is refused as unauthorized: no hint either way
+            log.info("refused a peer request from %s: %s", request.remote, exc)
+            return web.Response(status=401)
+        problem = auth.check(request.method, digest, peer_request.start, peer_request.end, peer_request.context(),
+                             request.headers)
+        if problem is not None:
+            stats.requests_unauthorized += 1
+            log.warning("refused a peer request from %s: %s", request.remote, problem)
+            return web.Response(status=401)
+        return peer_request
+
+    async def head_blob(request: web.Request) -> web.Response:
+        peer_request = checked(request)
+        if isinstance(peer_request, web.Response):
+            return peer_request
+        record = await holdings.engine.in_disk_thread(holdings.engine.cache.record, peer_request.digest)
+        held = record is not None and all(b in record.verified for b in peer_request.blocks)
+        return web.Response(status=200 if held else 404)
+
+    async def get_blob(request: web.Request) -> web.StreamResponse:
+        peer_request = checked(request)
+        if isinstance(peer_request, web.Response):
+            return peer_request
+        semaphore, limiter = limits.of(request.headers.get(ASKER_HEADER, request.remote or ""))
+        async with semaphore:
+            blocks = await holdings.open(peer_request)
+            if blocks is None:
+                stats.requests_missing += 1
+                return web.Response(status=404)
+            response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            response.content_length = peer_request.end - peer_request.start
+            started = False
+            try:
+                async for data in blocks:
+                    if limiter is not None:
+                        await limiter.acquire(len(data))
+                    if not started:
+                        await response.prepare(request)
+                        started = True
+                    await response.write(data)
+                    stats.bytes_to_peers += len(data)
+            except Exception as exc:  # noqa: BLE001 - any failure of ours: the asker goes elsewhere
+                if not started:
+                    stats.requests_missing += 1
+                    log.info("could not serve %s to %s: %s", peer_request.digest, peer_request.asker, exc)
+                    return web.Response(status=404)
+                log.info("cut short sending %s to %s: %s", peer_request.digest, peer_request.asker, exc)
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
+            await response.write_eof()
+            stats.requests_served += 1
+            return response
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_route("HEAD", BLOBS_PATH + "{digest}", head_blob)
+    app.router.add_get(BLOBS_PATH + "{digest}", get_blob, allow_head=False)
+    return app

@@ -1,0 +1,20 @@
+"""Fixtures: a corpus in a bucket of `rclone serve s3`, behind the fault proxy, and a cluster factory."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cluster.support import BUCKET, Cluster, write_secret
+from tests.daemon.support import make_corpus
+
+
+@pytest.fixture
+def cluster(s3_server_factory, fault_proxy, tmp_path):
+    server = s3_server_factory()
+    bucket = server.make_bucket(BUCKET)
+    corpus = make_corpus(bucket / "corpus", shards=12, tokens=160_000, block_size=64 * 1024)
+    made = Cluster(corpus, fault_proxy(server), (server.access_key, server.secret_key), write_secret(tmp_path))
+    try:
+        yield made
+    finally:
+        made.close()
