@@ -45,13 +45,13 @@ give_up() {
     exit 0
 }
 
-# Run a command as the job's user when we are root (Slurm runs the prolog as root), else as we are.
-as_job_user() {
+# Become a command, as the job's user when we are root (Slurm runs the prolog as root), else as we
+# are. Called in a background subshell, which it replaces: $! is then the daemon's own pid.
+exec_as_job_user() {
     if [[ $(id -u) == 0 && -n ${SLURM_JOB_UID:-} && ${SLURM_JOB_UID} != 0 ]]; then
-        setpriv --reuid="$SLURM_JOB_UID" --regid="${SLURM_JOB_GID:-$SLURM_JOB_UID}" --init-groups -- "$@"
-    else
-        "$@"
+        exec setpriv --reuid="$SLURM_JOB_UID" --regid="${SLURM_JOB_GID:-$SLURM_JOB_UID}" --init-groups -- "$@"
     fi
+    exec "$@"
 }
 
 owner=$(id -u)
@@ -81,20 +81,19 @@ fi
 )
 chown "$owner:$group" "$JOB_SECRET_FILE"
 
-args=(serve
-    --cache "$JOB_CACHE"
-    --socket "$JOB_SOCKET"
-    --peer-listen "$STAGER_PEER_LISTEN"
-    --peers "$STAGER_PEERS"
-    --peer-secret-file "$JOB_SECRET_FILE")
-[[ -n ${STAGER_PEER_TLS_CERT:-} ]] && args+=(--peer-tls-cert "$STAGER_PEER_TLS_CERT" --peer-tls-key "$STAGER_PEER_TLS_KEY" --peer-tls-ca "$STAGER_PEER_TLS_CA")
-[[ -n ${STAGER_PEER_BANDWIDTH:-} ]] && args+=(--peer-bandwidth "$STAGER_PEER_BANDWIDTH")
-[[ -n ${STAGER_METRICS_ADDRESS:-} ]] && args+=(--metrics-address "$STAGER_METRICS_ADDRESS")
-
 # Its own session (setsid), so that it outlives the prolog; stdin closed, output to the job's log.
+# The daemon reads its other settings from the environment itself: STAGER_CAPACITY,
+# STAGER_METRICS_ADDRESS, STAGER_PEER_BANDWIDTH, STAGER_PEER_TLS_CERT/_KEY/_CA, STAGER_CONFIG...
+# (set them in /etc/stager/slurm.env; `stager serve --help` names every variable).
 : >"$JOB_LOG"
 chown "$owner:$group" "$JOB_LOG"
-as_job_user setsid "$STAGER" "${args[@]}" </dev/null >>"$JOB_LOG" 2>&1 &
+exec_as_job_user setsid "$STAGER" serve \
+    --cache "$JOB_CACHE" \
+    --socket "$JOB_SOCKET" \
+    --peer-listen "$STAGER_PEER_LISTEN" \
+    --peers "$STAGER_PEERS" \
+    --peer-secret-file "$JOB_SECRET_FILE" \
+    </dev/null >>"$JOB_LOG" 2>&1 &
 pid=$!
 echo "$pid" >"$JOB_PID_FILE"
 
