@@ -20,7 +20,7 @@ _FLAG = re.compile(r"^(--[A-Za-z][\w-]*|-[A-Za-z])(?:=.*)?$")
 _ENDS = {";", "&&", "||", "|", "&", ")", "}", "`"}
 #: The command's name as scripts and docs write it, then global options, then the subcommand.
 _COMMAND = re.compile(r"""(?:(?<![\w.-])stager|"?\$\{?STAGER\}?"?)(?P<globals>(?:\s+(?:--config[=\s]\S+|-v+|--verbose))*)"""
-                      r"""\s+(?P<sub>[a-z]+)\b(?P<rest>.*)""")
+                      r"""\s+(?P<sub>[a-z]+)\b""")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def in_text(text: str, where: str, subcommands: Iterable[str], first_line: int =
         for match in _COMMAND.finditer(line):
             if match.group("sub") not in known:
                 continue
-            words = _command_words(match.group("rest"))
+            words = _command_words(line[match.end():])
             found.append(Invocation(f"{where}:{number}", match.group("sub"), flags_of(words),
                                     flags_of(match.group("globals").split())))
     return found
