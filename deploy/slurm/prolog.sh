@@ -49,6 +49,8 @@ give_up() {
 # are. Called in a background subshell, which it replaces: $! is then the daemon's own pid.
 exec_as_job_user() {
     if [[ $(id -u) == 0 && -n ${SLURM_JOB_UID:-} && ${SLURM_JOB_UID} != 0 ]]; then
+        HOME=$(getent passwd "$SLURM_JOB_UID" | cut -d: -f6) || HOME=$JOB_CACHE
+        export HOME USER=$JOB_USER LOGNAME=$JOB_USER
         exec setpriv --reuid="$SLURM_JOB_UID" --regid="${SLURM_JOB_GID:-$SLURM_JOB_UID}" --init-groups -- "$@"
     fi
     exec "$@"

@@ -23,11 +23,13 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.daemon.support import make_corpus
 from tests.deploy.manifests import REPO
 
 SLURM = REPO / "deploy" / "slurm"
 JOB = "4242"
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
+ATTEMPTS = 3
 
 
 def _free_port(hosts: tuple[str, ...]) -> int:
@@ -98,6 +100,15 @@ class FakeNode:
         return subprocess.run([str(SLURM / name)], capture_output=True, text=True, timeout=150,
                               env={**self.env, **extra}, stdin=subprocess.DEVNULL)
 
+    def stage(self, url: str, options: dict[str, str]) -> dict[str, Any]:
+        """`stager stage` through this node's daemon (the socket the task prolog would give the job)."""
+        flags = [flag for key, value in options.items() for flag in ("-o", f"{key}={value}")]
+        result = subprocess.run([sys.executable, "-m", "stager", "stage", url, "--cache", str(self.cache),
+                                 "--socket", str(self.socket), "--json", *flags], capture_output=True, text=True,
+                                timeout=120, env=self.env, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
     def pid(self) -> int | None:
         try:
             return int((self.run_dir / "stager.pid").read_text())
@@ -110,6 +121,16 @@ class FakeNode:
                                 env=self.env, stdin=subprocess.DEVNULL)
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
+
+
+def _counted(value: Any, word: str) -> int:
+    """The sum of the numbers under keys containing ``word`` (the status's bytes from peers)."""
+    if isinstance(value, dict):
+        return sum(item if word in str(key) and isinstance(item, int) and not isinstance(item, bool)
+                   else _counted(item, word) for key, item in value.items())
+    if isinstance(value, list):
+        return sum(_counted(item, word) for item in value)
+    return 0
 
 
 def _alive(pid: int) -> bool:
@@ -158,6 +179,17 @@ def _marked_down(value: Any, member: str) -> bool:
     return any(_marked_down(item, member) for item in value.values())
 
 
+def _wait_for_peer(node: FakeNode, other: FakeNode, seconds: float = 60) -> None:
+    """Until ``node``'s status lists ``other`` and does not say it is down (bounded)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        status = node.status()
+        if _mentions(status, other.member) and not _marked_down(status, other.member):
+            return
+        assert time.monotonic() < deadline, f"{node.member} does not see {other.member} as a live peer: {status}"
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def job() -> Iterator[list[FakeNode]]:
     base = Path(tempfile.mkdtemp(prefix="stg-slurm-"))  # short: the daemons' sockets live under it
@@ -180,7 +212,12 @@ def job() -> Iterator[list[FakeNode]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_prolog_starts_daemons_that_find_each_other_and_epilog_stops_them(job):
+def test_prolog_starts_daemons_that_find_each_other_and_epilog_stops_them(job, s3_server_factory):
+    server = s3_server_factory()
+    bucket = server.make_bucket("data")
+    corpora = [make_corpus(bucket / f"corpus{i}", shards=3, tokens=100_000, block_size=64 * 1024, seed=i)
+               for i in range(ATTEMPTS)]
+    options = {"endpoint_url": server.endpoint_url, "key": server.access_key, "secret": server.secret_key}
     starts = [subprocess.Popen([str(SLURM / "prolog.sh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=node.env, stdin=subprocess.DEVNULL) for node in job]
     for node, start in zip(job, starts):
@@ -193,14 +230,24 @@ def test_prolog_starts_daemons_that_find_each_other_and_epilog_stops_them(job):
     assert len(secrets) == 1 and (job[0].root.parent / "peer-secret").read_text() not in secrets
 
     # Each daemon lists the other as a live peer (bounded wait: health checks run in the background).
-    deadline = time.monotonic() + 60
-    for node, other in ((job[0], job[1]), (job[1], job[0])):
-        while True:
-            status = node.status()
-            if _mentions(status, other.member) and not _marked_down(status, other.member):
-                break
-            assert time.monotonic() < deadline, f"{node.member} does not see {other.member} as a live peer: {status}"
-            time.sleep(0.5)
+    _wait_for_peer(job[0], job[1])
+    _wait_for_peer(job[1], job[0])
+
+    # They talk, with the secret each derived on its own: what the first node staged, the second
+    # gets from it rather than from the origin. A peer whose health check fails under load is
+    # skipped for a while (the origin serves meanwhile, as it should), so each attempt is a
+    # dataset of its own, staged once the second node sees the first as live.
+    for attempt, corpus in enumerate(corpora):
+        url = f"s3://data/corpus{attempt}"
+        first = job[0].stage(url, options)
+        assert first["failed"] == 0 and first["blobs"] == len(corpus.manifest)
+        _wait_for_peer(job[1], job[0])
+        before = _counted(job[1].status(), "bytes_from_peers")
+        assert job[1].stage(url, options)["failed"] == 0
+        if _counted(job[1].status(), "bytes_from_peers") > before:
+            break
+    else:
+        raise AssertionError(f"the second node took nothing from its peer in {ATTEMPTS} datasets: {job[1].status()}")
 
     # A second prolog for the same job finds the daemon running and starts nothing.
     again = job[0].script("prolog.sh")
