@@ -9,13 +9,9 @@
 # that fails drains the node.
 
 set -euo pipefail
+STAGER_SCRIPT=epilog
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/stager-node.sh"
-
-say() {
-    echo "stager epilog (job $SLURM_JOB_ID): $*" >&2
-    logger -t stager-epilog -- "job $SLURM_JOB_ID: $*" 2>/dev/null || true
-}
 
 gone() {
     ! kill -0 "$1" 2>/dev/null

@@ -25,13 +25,9 @@
 #   SLURM_JOB_ID=42 SLURM_JOB_NODELIST=node[1-2] deploy/slurm/prolog.sh
 
 set -euo pipefail
+STAGER_SCRIPT=prolog
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/stager-node.sh"
-
-say() {
-    echo "stager prolog (job $SLURM_JOB_ID): $*" >&2
-    logger -t stager-prolog -- "job $SLURM_JOB_ID: $*" 2>/dev/null || true
-}
 
 give_up() {
     say "$*"

@@ -48,6 +48,12 @@ JOB_SECRET_FILE=$JOB_RUN_DIR/peer-secret
 JOB_LOG=$JOB_RUN_DIR/stager.log
 JOB_CACHE=${STAGER_JOB_CACHE:-$STAGER_CACHE_ROOT/$JOB_USER}
 
+# One line to stderr (slurmd's log) and to syslog, tagged stager-prolog or stager-epilog.
+say() {
+    echo "stager-${STAGER_SCRIPT:-node} (job $SLURM_JOB_ID): $*" >&2
+    logger -t "stager-${STAGER_SCRIPT:-node}" -- "job $SLURM_JOB_ID: $*" 2>/dev/null || true
+}
+
 # The address to ask the peer API's /healthz at: the listen address, or loopback for a wildcard.
 stager_peer_health_url() {
     local host=${STAGER_PEER_LISTEN%:*} port=${STAGER_PEER_LISTEN##*:} scheme=http
