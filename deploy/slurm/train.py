@@ -39,9 +39,11 @@ def main() -> None:
     rank = dist.get_rank() if distributed else 0
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu")
 
+    # Whole batches made in this process, a few ahead on a helper thread while the step computes:
+    # the engine (or the daemon) stages on its own, so no loader workers are needed.
     ds = TokenDataset(args.source, cache_dir=args.cache, seq_len=args.seq_len, seed=0,
-                      batch_size=args.batch_size, with_labels=True, drop_last=True)
-    loader = StatefulDataLoader(ds, batch_size=args.batch_size, num_workers=2)
+                      batch_size=args.batch_size, batches=True, with_labels=True, drop_last=True)
+    loader = StatefulDataLoader(ds, batch_size=None)
     model = torch.nn.Sequential(torch.nn.Embedding(args.vocab, 64), torch.nn.Linear(64, args.vocab)).to(device)
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
@@ -54,6 +56,8 @@ def main() -> None:
         optimizer.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["loader"])     # rank 0's state resumes every rank, re-dealt if need be
         step = saved["step"]
+        if rank == 0:
+            print(f"resumed at step {step} from {args.checkpoint}", flush=True)
 
     epoch = 0
     while step < args.steps:
@@ -76,7 +80,9 @@ def main() -> None:
                 break
         epoch += 1
     if rank == 0:
-        print(f"done: {step} steps; data: {ds.stats()}", flush=True)
+        stats = ds.stats()
+        print(f"done: {step} steps; waited {stats['wait_seconds']:.2f}s for data, "
+              f"{stats['bytes_staged']} bytes staged, {stats['cache_hits']} shards already cached", flush=True)
     if distributed:
         dist.destroy_process_group()
 
