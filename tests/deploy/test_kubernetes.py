@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 
 import pytest
 import yaml
@@ -12,6 +14,8 @@ from tests.deploy.manifests import (KUBERNETES, REPO, containers, deserialize, d
 
 DOCUMENTS = documents()
 WORKLOADS = [d for d in DOCUMENTS if pod_spec(d.body) is not None]
+#: Values for the $(VAR) references of container arguments (Kubernetes fills them from env).
+SAMPLES = {"POD_IP": "10.0.0.7"}
 
 
 def test_there_are_manifests_for_each_piece():
@@ -148,3 +152,40 @@ def test_the_check_finds_a_misspelt_field_a_wrong_type_and_a_missing_required_on
     assert any("containerPort: expected int" in p for p in problems), problems
     with pytest.raises(ValueError, match="image|name"):
         deserialize({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{}]}})
+
+
+def _stager_argv(container: dict) -> list[str] | None:
+    """The arguments after `stager` of the command a container runs, if it runs stager."""
+    command, args = list(container.get("command") or []), [str(a) for a in container.get("args") or []]
+    if command in ([], ["stager"]):
+        return args
+    if command[:2] == ["sh", "-c"]:
+        script = " ".join(command[2:] + args)
+        found = re.search(r"\bexec stager (.*)$", script)
+        return shlex.split(found.group(1)) if found else None
+    return None
+
+
+def test_every_stager_command_in_the_manifests_takes_its_values(monkeypatch):
+    """The real CLI parses each container's arguments (Kubernetes' $(VAR) given a sample value)."""
+    import click
+
+    from stager.cli import cli
+
+    for name in [k for k in os.environ if k.startswith("STAGER_")]:
+        monkeypatch.delenv(name)
+    commands = cli.all_commands()
+    checked, problems = 0, []
+    for document in WORKLOADS:
+        for container in containers(pod_spec(document.body)):
+            argv = _stager_argv(container)
+            if not argv or argv[0] not in commands:
+                continue
+            argv = [re.sub(r"\$\((\w+)\)", lambda m: SAMPLES[m.group(1)], a) for a in argv]
+            try:
+                commands[argv[0]].make_context(argv[0], argv[1:])
+            except click.ClickException as exc:
+                problems.append(f"{document.name} container {container['name']}: stager {' '.join(argv)}: "
+                                f"{exc.format_message()}")
+            checked += 1
+    assert checked >= 3 and not problems, "\n".join(problems)
