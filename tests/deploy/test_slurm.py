@@ -277,12 +277,14 @@ def test_a_prolog_without_the_site_secret_fails_only_when_strict(job):
     assert node.pid() is None
 
 
-def test_a_daemon_that_cannot_start_fails_the_strict_prolog_with_its_log(job):
+def test_a_daemon_that_cannot_start_fails_the_strict_prolog_with_its_log_else_the_job_runs_without(job):
     node = job[0]
     result = node.script("prolog.sh", STAGER_PEER_LISTEN=f"{node.address}:notaport")
     assert result.returncode == 1
     assert "the daemon exited" in result.stderr and "stager: error:" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and node.pid() is None
+    lenient = node.script("prolog.sh", STAGER_PEER_LISTEN=f"{node.address}:notaport", STAGER_PROLOG_STRICT="0")
+    assert lenient.returncode == 0 and "runs without a node daemon" in lenient.stderr
 
 
 def test_the_epilog_leaves_a_process_alone_that_is_not_the_jobs_daemon(job):
