@@ -5,8 +5,8 @@
 # cache (at most its drain timeout) and exit, leaving a consistent cache for the user's next job.
 # After STAGER_STOP_TIMEOUT seconds it gets SIGKILL, which is safe too (a restart resumes partial
 # blobs without fetching a verified block twice). Then the job's run directory (socket, pid file,
-# peer secret, log) is removed; the cache stays. Always exits 0 once the daemon is gone: an epilog
-# that fails drains the node.
+# peer secret, log) is removed; the cache stays (unless STAGER_PURGE_CACHE=1). Always exits 0 once
+# the daemon is gone: an epilog that fails drains the node.
 
 set -euo pipefail
 STAGER_SCRIPT=epilog
@@ -45,3 +45,10 @@ if [[ -f $JOB_LOG && -n ${STAGER_KEEP_LOGS:-} ]]; then
     cp "$JOB_LOG" "$STAGER_KEEP_LOGS/stager-$SLURM_JOB_ID-$(hostname -s).log" || true
 fi
 rm -rf -- "$JOB_RUN_DIR"
+
+# Nodes shared by several users: each user's cache takes room on the same disk. With
+# STAGER_PURGE_CACHE=1 the job's cache goes with the job (the next job starts cold).
+if [[ ${STAGER_PURGE_CACHE:-0} == 1 && -n $JOB_USER && $JOB_CACHE == "$STAGER_CACHE_ROOT/$JOB_USER" ]]; then
+    rm -rf -- "$JOB_CACHE"
+    say "removed the cache $JOB_CACHE"
+fi

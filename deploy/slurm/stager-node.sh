@@ -18,6 +18,7 @@
 #   STAGER_START_TIMEOUT seconds the prolog waits for the daemon to answer (default 60)
 #   STAGER_STOP_TIMEOUT seconds the epilog waits after SIGTERM before SIGKILL (default 40: the
 #                     daemon's drain timeout, 10 s, and its own watchdog's 20 s, with a margin)
+#   STAGER_PURGE_CACHE 1: the epilog removes the job's cache too (nodes shared by many users)
 
 if [[ -r /etc/stager/slurm.env ]]; then
     # shellcheck disable=SC1091  # the site's own settings, if any

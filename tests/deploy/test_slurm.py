@@ -287,6 +287,18 @@ def test_a_daemon_that_cannot_start_fails_the_strict_prolog_with_its_log_else_th
     assert lenient.returncode == 0 and "runs without a node daemon" in lenient.stderr
 
 
+def test_the_epilog_keeps_the_cache_unless_told_to_purge_it(job):
+    node = job[0]
+    for purge, kept in (("0", True), ("1", False)):
+        node.run_dir.mkdir(parents=True)
+        (node.cache / "blobs").mkdir(parents=True, exist_ok=True)
+        (node.cache_root / "someone-else").mkdir(exist_ok=True)
+        result = node.script("epilog.sh", STAGER_PURGE_CACHE=purge)
+        assert result.returncode == 0, result.stderr
+        assert node.cache.is_dir() is kept and not node.run_dir.exists()
+        assert (node.cache_root / "someone-else").is_dir()  # other users' caches are never touched
+
+
 def test_the_epilog_leaves_a_process_alone_that_is_not_the_jobs_daemon(job):
     node = job[0]
     node.run_dir.mkdir(parents=True)
