@@ -7,6 +7,7 @@ the line and the flag, all of them at once.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from functools import cache
@@ -24,8 +25,10 @@ DOCS = REPO / "docs"
 
 @cache
 def help_text(*subcommand: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGER_")}  # no config file of the caller's
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     result = subprocess.run([sys.executable, "-m", "stager", *subcommand, "--help"], capture_output=True,
-                            text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO)
+                            text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=REPO, env=env)
     assert result.returncode == 0, f"stager {' '.join(subcommand)} --help exited {result.returncode}: {result.stderr}"
     return result.stdout
 
