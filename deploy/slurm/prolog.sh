@@ -64,8 +64,8 @@ if [[ -f $JOB_PID_FILE ]] && stager_is_daemon "$(cat "$JOB_PID_FILE")"; then
     exit 0
 fi
 
-install -d -m 0755 "$STAGER_RUN_ROOT"
-install -d -m 0700 -o "$owner" -g "$group" "$JOB_RUN_DIR"
+install -d -m 0755 "$STAGER_RUN_ROOT" "$JOB_RUN_DIR"
+install -d -m 0700 -o "$owner" -g "$group" "$JOB_SOCKET_DIR"
 install -d -m 0755 "$STAGER_CACHE_ROOT"
 install -d -m 0700 -o "$owner" -g "$group" "$JOB_CACHE"
 
@@ -83,8 +83,7 @@ chown "$owner:$group" "$JOB_SECRET_FILE"
 # The daemon reads its other settings from the environment itself: STAGER_CAPACITY,
 # STAGER_METRICS_ADDRESS, STAGER_PEER_BANDWIDTH, STAGER_PEER_TLS_CERT/_KEY/_CA, STAGER_CONFIG...
 # (set them in /etc/stager/slurm.env; `stager serve --help` names every variable).
-: >"$JOB_LOG"
-chown "$owner:$group" "$JOB_LOG"
+install -m 0600 -o "$owner" -g "$group" /dev/null "$JOB_LOG"
 exec_as_job_user setsid "$STAGER" serve \
     --cache "$JOB_CACHE" \
     --socket "$JOB_SOCKET" \

@@ -5,7 +5,7 @@
 # overridden from the environment the scripts run in (slurmd's, or /etc/stager/slurm.env).
 #
 #   STAGER            the stager command (default: stager on PATH, else /usr/local/bin/stager)
-#   STAGER_RUN_ROOT   per-job run directories: socket, pid file, peer secret (default /run/stager-jobs)
+#   STAGER_RUN_ROOT   per-job run directories: pid file, log, peer secret, socket/ (default /run/stager-jobs)
 #   STAGER_CACHE_ROOT node-local disk for the caches, one per user (default /local/stager); the
 #                     cache outlives the job, so the next job of the same user on this node starts warm
 #   STAGER_PEER_PORT  the peer API's port, the same on every node of the job
@@ -42,8 +42,12 @@ STAGER_START_TIMEOUT=${STAGER_START_TIMEOUT:-60}
 STAGER_STOP_TIMEOUT=${STAGER_STOP_TIMEOUT:-40}
 
 JOB_USER=${SLURM_JOB_USER:-$(id -un)}
+# The run directory is root's when root runs the prolog: the job's user may read the files root
+# writes there (pid file, log, its peer secret) but cannot swap them for links. Only socket/ is
+# the user's: the daemon, running as the user, makes its socket there.
 JOB_RUN_DIR=$STAGER_RUN_ROOT/$SLURM_JOB_ID
-JOB_SOCKET=$JOB_RUN_DIR/stager.sock
+JOB_SOCKET_DIR=$JOB_RUN_DIR/socket
+JOB_SOCKET=$JOB_SOCKET_DIR/stager.sock
 JOB_PID_FILE=$JOB_RUN_DIR/stager.pid
 JOB_SECRET_FILE=$JOB_RUN_DIR/peer-secret
 JOB_LOG=$JOB_RUN_DIR/stager.log

@@ -85,7 +85,7 @@ class FakeNode:
 
     @property
     def socket(self) -> Path:
-        return self.run_dir / "stager.sock"
+        return self.run_dir / "socket" / "stager.sock"
 
     @property
     def cache(self) -> Path:
