@@ -33,8 +33,8 @@ import json
 import secrets
 from typing import Any, Mapping
 
-from ..config import SourceConfig
-from ..store import split_protocol
+from .config import SourceConfig
+from .store import split_protocol
 
 #: Storage options (at any depth) that hold credentials rather than say where the data is.
 CREDENTIAL_OPTIONS = frozenset({
