@@ -20,7 +20,10 @@ the standard library can still catch it (``except FileNotFoundError``)::
     │   │   └── DiskFull                    the disk holding the cache has no room (ENOSPC): not waited for
     │   ├── BlobTooLarge                    a blob larger than the whole capacity
     │   └── CacheCorrupt                    bytes on the cache disk that no longer match their digest
-    └── DaemonError (ConnectionError)       the node daemon's socket or API
+    ├── DaemonError (ConnectionError)       the node daemon's socket or API
+    └── CheckpointError (OSError)           a checkpoint's staging, drain or stores
+        ├── StagingFull                     the staging directory has no room for a save, even after waiting
+        └── CheckpointIncomplete            no store holds a complete, verified copy of a checkpoint's file
 
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
 the store's and the cache's edge, with ``raise ... from exc``. Only the CLI turns
@@ -127,6 +130,22 @@ class DaemonError(StagerError, ConnectionError):
     """The node daemon cannot be reached, or its API answered with an error."""
 
 
+class CheckpointError(StagerError, OSError):
+    """A checkpoint cannot be staged, drained, verified or loaded as asked."""
+
+
+class StagingFull(CheckpointError):
+    """A save needs more room than the staging directory has, and the drain did not free it in time.
+
+    Nothing is dropped to make room: only checkpoints already verified at every
+    store are removed from staging, oldest first.
+    """
+
+
+class CheckpointIncomplete(CheckpointError):
+    """A file of a checkpoint is missing or damaged at every store that should hold it."""
+
+
 def leaf_errors(group: BaseException) -> list[BaseException]:
     """The errors inside ``group`` (nested groups flattened, in order); ``[group]`` if it is not a group."""
     if not isinstance(group, BaseExceptionGroup):
@@ -170,6 +189,8 @@ __all__ = [
     "CacheCorrupt",
     "CacheError",
     "CacheFull",
+    "CheckpointError",
+    "CheckpointIncomplete",
     "ConfigError",
     "CorruptData",
     "DaemonError",
@@ -180,6 +201,7 @@ __all__ = [
     "OriginUnavailable",
     "ShardNotFound",
     "StagerError",
+    "StagingFull",
     "Throttled",
     "TransientOriginError",
     "first_error",
