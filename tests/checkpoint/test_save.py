@@ -55,7 +55,7 @@ def test_save_returns_before_the_drain_and_both_stores_end_complete(sides, tmp_p
 def test_faults_at_both_stores_are_retried(sides, tmp_path):
     dest, replica = sides
     for side in sides:
-        side.proxy.update(error500_p=0.2, reset_p=0.1, flip_p=0.1, methods=("GET", "PUT"), max_faults=6)
+        side.proxy.update(error500_p=0.4, reset_p=0.2, flip_p=0.2, methods=("GET", "PUT", "HEAD"), max_faults=4)
     writer = _writer(dest, replica, tmp_path, "faulty", drain="none")
     dcp.save(state_dict(), storage_writer=writer)
     from stager.checkpoint.drainer import drain_until_empty
