@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
-from ..config import CacheConfig, SourceConfig
+from ..config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from ..errors import CacheError, CheckpointIncomplete, ManifestError, OriginError, StagerError
 from ..iterator.loop_thread import LoopThread
 from ..store import open_store
@@ -37,6 +37,8 @@ from .manifest import MANIFEST_PATH, METADATA_NAME, CheckpointManifest, FileReco
 from .staging import StagingDir
 
 log = logging.getLogger(__name__)
+#: Attempts at one store before its copy is passed over for the next store's.
+_ATTEMPTS = 3
 
 
 class _MappedFileSystem(FileSystem):
@@ -65,6 +67,8 @@ class CheckpointReader(FileSystemReader):
         replica_options: per replica URL, its options; by default the destination's.
         staging_dir: the node's staging directory, to read a local copy first.
         session_mode: ``"auto"`` (the daemon when it serves ``cache_dir``), ``"daemon"`` or ``"embedded"``.
+        fetch: an embedded engine's fetch settings; by default fewer retries than staging's,
+            since a copy that keeps failing at one store is read from the next.
 
     Raises:
         CheckpointIncomplete: (from ``load``) a file is good at no store.
@@ -74,7 +78,8 @@ class CheckpointReader(FileSystemReader):
     def __init__(self, url: str, *, cache_dir: str | os.PathLike[str] | None = None,
                  storage_options: Mapping[str, Any] | None = None, replicas: Sequence[str] = (),
                  replica_options: Mapping[str, Mapping[str, Any]] | None = None,
-                 staging_dir: str | os.PathLike[str] | None = None, session_mode: str = "auto") -> None:
+                 staging_dir: str | os.PathLike[str] | None = None, session_mode: str = "auto",
+                 fetch: FetchConfig | None = None) -> None:
         self.url = str(url).rstrip("/")
         super().__init__(self.url)
         self.fs = _MappedFileSystem()
@@ -84,6 +89,7 @@ class CheckpointReader(FileSystemReader):
         self.replica_options = {str(k).rstrip("/"): dict(v) for k, v in (replica_options or {}).items()}
         self.staging = StagingDir(staging_dir) if staging_dir is not None else None
         self.session_mode = session_mode
+        self.fetch = fetch or FetchConfig(retry=RetryConfig(attempts=_ATTEMPTS))
         self.manifest: CheckpointManifest | None = None
         self.fallbacks: list[tuple[str, str, str]] = []  # (file, store, why) for each copy passed over
         self.sources: dict[str, str] = {}  # file -> where it was read from ("staging" or a store URL)
@@ -184,14 +190,16 @@ class CheckpointReader(FileSystemReader):
             return
         from ..session import open_session
 
-        session = open_session(self.cache, mode=self.session_mode)  # type: ignore[arg-type]
-        try:
-            for url in self.stores():
-                if not wanted:
-                    break
+        for url in self.stores():
+            if not wanted:
+                break
+            # A session per store: an engine shares one fetch per digest, and a fetch that keeps
+            # failing at one store must not be joined by the read from the next.
+            session = open_session(self.cache, self.fetch, mode=self.session_mode)  # type: ignore[arg-type]
+            try:
                 await self._from_store(session, url, wanted)
-        finally:
-            await session.close()
+            finally:
+                await session.close()
         if wanted:
             raise CheckpointIncomplete(f"{self.url}: no store holds a good copy of {', '.join(sorted(wanted))} "
                                        f"(tried {', '.join(self.stores())})")

@@ -102,7 +102,9 @@ def verify_command(url: str, storage_option: tuple[str, ...], replicas: tuple[st
     if report.lost:
         raise CheckpointError(f"{url}: no store holds a good copy of {', '.join(report.lost)}")
     if not report.ok:
-        raise click.exceptions.Exit(1)
+        bad = sum(len(v) for v in report.bad.values())
+        raise CheckpointError(f"{url}: {bad} file(s) missing or damaged"
+                              + ("; run verify without --no-repair to repair them" if no_repair else ""))
 
 
 @checkpoints.command("prune")
