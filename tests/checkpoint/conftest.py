@@ -29,6 +29,13 @@ class Side:
     def options(self) -> dict:
         return self.server.storage_options(self.proxy.url)
 
+    def flags(self, flag: str) -> list[str]:
+        """The command line's storage option flags (``-o`` or ``-r``) that reach this side."""
+        opts = self.options
+        return [flag, f"key={opts['key']}", flag, f"secret={opts['secret']}",
+                flag, f"client_kwargs.endpoint_url={opts['client_kwargs']['endpoint_url']}",
+                flag, "config_kwargs.response_checksum_validation=when_required"]
+
     def path(self, prefix: str) -> Path:
         """The folder on the server's disk that holds ``prefix`` (rclone serves files as they are)."""
         return self.server.root / self.bucket / prefix

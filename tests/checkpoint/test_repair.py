@@ -38,13 +38,6 @@ def _damage(folder) -> tuple[str, str]:
     return first, second
 
 
-def _options_flags(side, flag: str) -> list[str]:
-    opts = side.options
-    return [flag, f"key={opts['key']}", flag, f"secret={opts['secret']}",
-            flag, f"client_kwargs.endpoint_url={opts['client_kwargs']['endpoint_url']}",
-            flag, "config_kwargs.response_checksum_validation=when_required"]
-
-
 def test_reader_loads_from_the_replica_and_verify_repairs_the_destination(sides, tmp_path, capsys):
     dest, replica = sides
     local = _saved(sides, tmp_path, "s1")
@@ -58,7 +51,7 @@ def test_reader_loads_from_the_replica_and_verify_repairs_the_destination(sides,
     assert reader.sources[deleted] == reader.sources[corrupted] == replica.url("run/s1")
     assert {name for name, _, _ in reader.fallbacks} == {deleted, corrupted}  # reported
 
-    args = ["checkpoints", "verify", dest.url("run/s1"), *_options_flags(dest, "-o"), *_options_flags(replica, "-r")]
+    args = ["checkpoints", "verify", dest.url("run/s1"), *dest.flags("-o"), *replica.flags("-r")]
     with pytest.raises(SystemExit) as exit_info:
         main(["checkpoints", "verify", "--no-repair", *args[2:]])
     assert exit_info.value.code == 1
@@ -77,8 +70,8 @@ def test_list_shows_each_store_state(sides, tmp_path, capsys):
     _saved(sides, tmp_path, "step-1")
     _saved(sides, tmp_path, "step-2")
     (dest.path("run/step-2") / ".metadata").unlink()
-    main(["checkpoints", "list", dest.url("run"), "--json", *_options_flags(dest, "-o"),
-          *_options_flags(replica, "-r")])
+    main(["checkpoints", "list", dest.url("run"), "--json", *dest.flags("-o"),
+          *replica.flags("-r")])
     found = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
     assert found["step-1"]["complete"] and set(found["step-1"]["stores"].values()) == {"complete"}
     assert found["step-2"]["stores"] == {dest.url("run/step-2"): "damaged", replica.url("run/step-2"): "complete"}
