@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .drain import Drain, drain_lock
 from .staging import StagingDir
+from .transfer import DEFAULT_PART_SIZE
 
 LOG = ".drain.log"
 
@@ -51,12 +52,18 @@ def drain_until_empty(staging: StagingDir, drain: Drain | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m stager.checkpoint.drainer STAGING_DIR", file=sys.stderr)
-        return 2
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m stager.checkpoint.drainer")
+    parser.add_argument("staging_dir")
+    parser.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE, help="bytes per multipart part")
+    parser.add_argument("--concurrency", type=int, default=8, help="parts in flight per store")
+    args = parser.parse_args(argv)
+    if args.part_size <= 0 or args.concurrency <= 0:
+        parser.error("--part-size and --concurrency must be > 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
-    drain_until_empty(StagingDir(args[0]))
+    staging = StagingDir(args.staging_dir)
+    drain_until_empty(staging, Drain(staging, part_size=args.part_size, concurrency=args.concurrency))
     return 0
 
 

@@ -94,3 +94,39 @@ def test_sigkill_of_the_drainer_mid_drain_resumes_without_resending(sides, tmp_p
     for side in sides:
         assert data_files(side.path("run/killed")) == local
         assert side.puts("/run/killed/__") <= 2 + 2  # each data file once, at most the ones in flight twice
+
+
+def test_sigkill_mid_multipart_upload_resumes_without_resending_written_parts(sides, tmp_path):
+    from stager.checkpoint.drain import queue_folder
+    from stager.config import SourceConfig
+
+    dest, replica = sides
+    for side in sides:
+        side.proxy.update(latency_s=0.4, methods=("PUT",), path_contains="/run/big")
+    folder = tmp_path / "big"
+    folder.mkdir()
+    data = os.urandom(12 << 20)  # three parts of 5 MiB
+    (folder / "weights.bin").write_bytes(data)
+    staging = StagingDir(tmp_path / "staging")
+    entry = queue_folder(staging, folder, dest.url("run/big"),
+                         [SourceConfig(dest.url("run/big"), dest.options),
+                          SourceConfig(replica.url("run/big"), replica.options)])
+    command = [sys.executable, "-m", "stager.checkpoint.drainer", str(staging.root), "--part-size", str(5 << 20),
+               "--concurrency", "1"]
+    first = subprocess.Popen(command, start_new_session=True)
+    try:
+        wait_for(lambda: sum(len(p) for p in DrainJournal(entry.path).parts.values()) >= 2, 60, "two parts written")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    journal = DrainJournal(entry.path)
+    written = {key: dict(parts) for key, parts in journal.parts.items()}
+    assert not entry.drained and written
+    puts_before = [side.puts("/run/big/weights.bin") for side in sides]
+    subprocess.run(command, timeout=120, check=True)
+    assert entry.drained
+    for index, side in enumerate(sides):
+        assert (side.path("run/big") / "weights.bin").read_bytes() == data
+        done = sum(len(parts) for (store, _, _), parts in written.items() if store == index)
+        # the second drain sends exactly the parts the first had not recorded
+        assert side.puts("/run/big/weights.bin") - puts_before[index] == 3 - done
