@@ -58,9 +58,10 @@ class _HashingStream(io.RawIOBase):
         return True
 
     def write(self, data: Any) -> int:
-        n = self._file.write(data)
+        view = memoryview(data).cast("B")
+        n = self._file.write(view)
         if not self._moved:
-            self._hasher.update(memoryview(data)[:n] if n is not None else data)
+            self._hasher.update(view[:n] if n is not None else view)
         return n
 
     def tell(self) -> int:
