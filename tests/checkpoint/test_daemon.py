@@ -67,7 +67,7 @@ def test_the_daemon_drains_and_reports_it(sides, tmp_path, daemon):
 
 def test_sigkill_of_the_daemon_mid_drain_then_a_drainer_completes(sides, tmp_path, daemon):
     for side in sides:
-        side.proxy.update(latency_s=0.5, methods=("PUT",), path_contains="/run/")
+        side.proxy.update(latency_s=0.3, methods=("PUT",), path_contains="/run/")
     writer = _save(sides, tmp_path, "daemon-killed")
     entry = StagingDir(tmp_path / "staging").entry(writer.url)
     wait_for(lambda: len(DrainJournal(entry.path).verified) >= 1, 60, "the daemon's first verified file")

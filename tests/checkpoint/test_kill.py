@@ -66,7 +66,7 @@ def test_sigkill_of_training_right_after_save_still_ends_complete(sides, tmp_pat
 def test_sigkill_of_the_drainer_mid_drain_resumes_without_resending(sides, tmp_path):
     dest, replica = sides
     for side in sides:
-        side.proxy.update(latency_s=0.5, methods=("PUT",), path_contains="/run/")
+        side.proxy.update(latency_s=0.3, methods=("PUT",), path_contains="/run/")
     config = _config(sides, tmp_path, "killed", 1, drain="none", linger=0)
     proc = _train(config, tmp_path)
     assert proc.stdout.readline().startswith("SAVED")
