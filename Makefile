@@ -13,14 +13,16 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.stamp-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= auto
 
 .PHONY: demo test bootstrap debs clean bench
 
 demo: $(STAMP)
 	$(BIN)/stager demo
 
+# One worker per core, a test file's tests on one worker (see tests/conftest.py); PYTEST_WORKERS=0 runs in one process.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bootstrap: $(STAMP)
 

@@ -109,7 +109,7 @@ def env() -> dict[str, str]:
 
 
 def wait_for_socket(socket: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
-    from stager.daemon import probe
+    from stager.daemon_client import probe
 
     deadline = time.monotonic() + timeout
     while probe(socket) is None:

@@ -46,8 +46,6 @@ MiB = 1 << 20
 BLOCK = 8 * MiB
 READ_FAULTS = dict(slowdown_p=0.02, error500_p=0.02, reset_p=0.02, truncate_p=0.02, flip_p=0.02)
 WRITE_FAULTS = dict(slowdown_p=0.02, error500_p=0.02, reset_p=0.02)
-#: rclone 1.75 burns CPU without bound on PUTs with --dir-cache-time 0s (see tests/replicate/conftest.py).
-SERVER_ARGS = ("--dir-cache-time", "1ms")
 
 
 def server_cpu(*servers: S3Server) -> float:
@@ -222,9 +220,9 @@ def main() -> None:
           + (" --only-rss" if args.only_rss else ""))
     began = time.monotonic()
     src = S3Server(work / "a" / "root", access_key="benchsrc" + "a" * 8, secret_key="srcsecret" + "s" * 16,
-                   etag_hash="", extra_args=SERVER_ARGS)
+                   etag_hash="")
     dst = S3Server(work / "b" / "root", access_key="benchdst" + "b" * 8, secret_key="dstsecret" + "d" * 16,
-                   etag_hash="", extra_args=SERVER_ARGS)
+                   etag_hash="")
     try:
         src.make_bucket("src")
         dst.make_bucket("dst")

@@ -16,7 +16,7 @@ Every tool first runs once untimed; with ``--rounds N`` every tool then runs
 N times per phase, each round starting with a different tool, and the run of
 median wall time is reported.
 
-With ``--grid``, instead: the origin-profile grid (stager.testing.profiles),
+With ``--grid``, instead: the origin-profile grid (stager.loopback.profiles),
 one proxy per profile in front of the same server, in one run: loopback; 40 ms
 + 8 MB/s per connection; 100 ms + 2 MB/s per connection; SlowDown above 300
 requests/s. At each, stager with its defaults beside s5cmd (defaults and

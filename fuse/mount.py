@@ -3,8 +3,8 @@
 :func:`serve` does the whole life of one mount in the current process: it
 checks that FUSE can work here (pyfuse3 importable, ``/dev/fuse`` present,
 ``fusermount3`` for non-root users) and that the mount point is an empty
-slot, opens the cache tier and a session (:func:`open_session`, the one place
-that chooses between the node daemon and an engine of our own), loads the
+slot, opens the cache tier and a session (:func:`stager.session.open_session`, the
+one place that chooses between the node daemon and an engine of our own), loads the
 manifest, builds the tree, mounts read-only and serves requests with pyfuse3
 running on the same asyncio (uvloop) loop as the engine. Once the kernel has
 completed the FUSE handshake it raises the kernel's read-ahead for this mount
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import pickle
@@ -39,11 +40,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from stager import session as stager_session
 from stager.cache import CacheTier
 from stager.config import CacheConfig, FetchConfig, SourceConfig
-from stager.errors import StagerError
-from stager.session import Session
+from stager.errors import MountError, StagerError
+from stager.session import open_session
 
 from .readahead import ReadAhead, ReadAheadConfig
 from .tree import Tree
@@ -54,10 +54,6 @@ FUSE_DEVICE = "/dev/fuse"
 FSNAME = "stager"  # the mount's source in /proc/mounts is "stager:PID"
 READY_TIMEOUT = 600.0  # seconds a background mount may take to load its manifest and mount
 EXIT_TIMEOUT = 30.0  # seconds ``unmount`` waits for the mount's process to finish
-
-
-class MountError(StagerError, OSError):
-    """FUSE cannot work here, or the mount point cannot be used or unmounted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,20 +118,6 @@ def check_mountpoint(path: Path) -> Path:
     if os.path.ismount(path):
         raise MountError(f"{path} is already a mount point (stager unmount {path} first)")
     return path
-
-
-def open_session(config: MountConfig) -> Session:
-    """The session the mount stages through: the one place that chooses.
-
-    ``config.session`` "auto": the node daemon when one serves this cache
-    directory (falling back to an engine of our own if it goes away), else an
-    engine in this process; "daemon" or "embedded" force one. Blocking (a
-    socket probe, or opening and reconciling the cache): call it in a thread.
-
-    Raises:
-        DaemonError: "daemon" and no daemon serving this cache answers.
-    """
-    return stager_session.open_session(config.cache, config.fetch, socket=config.socket, mode=config.session)
 
 
 def _unescape(text: str) -> str:
@@ -206,7 +188,8 @@ async def serve(config: MountConfig, on_ready: Callable[[], None] | None = None)
     pyfuse3.asyncio.enable()
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as stack:  # closed in reverse: unmount first, the session last
-        session = await loop.run_in_executor(None, open_session, config)
+        session = await loop.run_in_executor(None, functools.partial(  # blocking: a probe, or opening the cache
+            open_session, config.cache, config.fetch, socket=config.socket, mode=config.session))
         stack.push_async_callback(session.close)
         # Our own view of the cache, to read what the session stages (the session reconciled the directory).
         cache = await loop.run_in_executor(None, lambda: CacheTier(config.cache, reconcile=False))
@@ -327,7 +310,7 @@ def _read_report(fd: int, timeout: float) -> str | None:
 
 def background_main(report_fd: int, log_level: int = logging.INFO) -> int:
     """The mount process started by :func:`mount_in_background` (``python -m stager.fuse FD [LOG_LEVEL]``)."""
-    from stager.cli.progress import run_async
+    from stager.event_loop import run_async
 
     config: MountConfig = pickle.loads(sys.stdin.buffer.read())
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)

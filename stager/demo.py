@@ -21,10 +21,11 @@ from .cache import CacheTier
 from .config import MiB, CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from .engine import Engine
 from .errors import StagerError
+from .loopback import FaultPlan, FaultProxy, HttpOrigin
 from .manifest import save_manifest
 from .manifest.build import IndexConfig, build_manifest
+from .progress import byte_progress
 from .store import open_store
-from .testing import FaultPlan, FaultProxy, HttpOrigin
 from .write import generate_corpus
 
 
@@ -46,8 +47,6 @@ def faulty_plan(bandwidth: float) -> FaultPlan:
 
 async def run_demo(config: DemoConfig, say) -> None:
     """Run the demo, reporting each step through ``say(text)``; raises StagerError if anything is off."""
-    from .cli.progress import byte_progress
-
     corpus = config.directory / "corpus"
     cache_dir = config.directory / "cache"
     began = time.monotonic()

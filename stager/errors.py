@@ -13,17 +13,38 @@ the standard library can still catch it (``except FileNotFoundError``)::
     │   ├── OriginUnavailable (ConnectionError) transient failures outlasted the retry budget
     │   │   ├── TransientOriginError            one transient failure (5xx, reset, short body)
     │   │   └── Throttled                       503 SlowDown / 429
-    │   └── CorruptData (ValueError)            bytes that do not match their digest
-    │       └── OriginChanged                   the origin keeps serving other bytes than the manifest says
+    │   ├── CorruptData (ValueError)            bytes that do not match their digest
+    │   │   └── OriginChanged                   the origin keeps serving other bytes than the manifest says
+    │   ├── InvalidPath (ValueError)            a store path that is empty, absolute or climbs out (..)
+    │   ├── InvalidRange (ValueError)           a byte range that is negative, reversed or past the end
+    │   ├── UnsupportedOperation                the origin cannot do this at all (list or write over HTTP)
+    │   ├── DestinationGone                     replicate: the destination's bucket or folder is gone
+    │   └── UploadLost                          replicate: a multipart upload vanished before it completed
     ├── CacheError (OSError)                the node-local cache tier
     │   ├── CacheFull                       no room in the capacity even after eviction
     │   │   └── DiskFull                    the disk holding the cache has no room (ENOSPC): not waited for
     │   ├── BlobTooLarge                    a blob larger than the whole capacity
     │   └── CacheCorrupt                    bytes on the cache disk that no longer match their digest
     ├── DaemonError (ConnectionError)       the node daemon's socket or API
+    │   ├── DaemonUnavailable               nobody answers, the connection broke, or it is stopping
+    │   └── DaemonRequestError (ValueError) the daemon refused the request (HTTP 4xx)
+    │       ├── UnknownPlan (LookupError)       it holds no such plan: register it again
+    │       ├── ConsumerKeyMismatch (PermissionError)  another consumer's key
+    │       └── ManifestVersionGone (ManifestError)    a manifest version the daemon no longer holds
+    ├── NotAtDestination (FileNotFoundError)  replicate --finalize: an object missing or different there
+    ├── ReplicationBusy (BlockingIOError)   another process runs the same replication shard
+    ├── JournalError (OSError)              replicate's journal database cannot be opened or written
+    ├── MountError (OSError)                FUSE cannot work here, or the mount point cannot be used
     └── CheckpointError (OSError)           a checkpoint's staging, drain or stores
         ├── StagingFull                     the staging directory has no room for a save, even after waiting
         └── CheckpointIncomplete            no store holds a complete, verified copy of a checkpoint's file
+
+Outside the tree: :class:`S3ServerError` (a ``RuntimeError``, defined here
+too), raised by the test origins of ``stager.testing`` when the test harness
+itself fails, not stager; and signals that never leave the module raising them
+(the store's HTTP client's ``ProtocolError`` and ``RedirectLoop`` and the retry
+loop's ``_AttemptTimedOut``, all translated at the store's edge; ``DirectRefused``
+in the cache's direct writes).
 
 Errors from lower libraries (botocore, aiohttp, OSError) are translated once, at
 the store's and the cache's edge, with ``raise ... from exc``. Only the CLI turns
@@ -84,6 +105,26 @@ class OriginChanged(CorruptData):
     """The origin keeps returning bytes that differ from the manifest (changed or corrupt at rest)."""
 
 
+class InvalidPath(OriginError, ValueError):
+    """A path given to a store is empty, absolute, or climbs out of the root (``..``)."""
+
+
+class InvalidRange(OriginError, ValueError):
+    """A byte range is negative, reversed, or reaches past the end of the object. Never retried."""
+
+
+class UnsupportedOperation(OriginError):
+    """The origin cannot do this at all (listing an HTTP server, writing to it)."""
+
+
+class DestinationGone(OriginError):
+    """A write to the destination answered "not found": its bucket or folder is gone. Stops the run."""
+
+
+class UploadLost(OriginError):
+    """A multipart upload vanished before it completed (aborted, expired): that object is copied again next run."""
+
+
 class CacheError(StagerError, OSError):
     """The cache tier cannot do what was asked (disk error, bad layout, inconsistency)."""
 
@@ -130,6 +171,42 @@ class DaemonError(StagerError, ConnectionError):
     """The node daemon cannot be reached, or its API answered with an error."""
 
 
+class DaemonUnavailable(DaemonError):
+    """Nobody answers on the socket, the connection broke, or the daemon is stopping."""
+
+
+class DaemonRequestError(DaemonError, ValueError):
+    """The daemon answered and refused the request as invalid (HTTP 4xx)."""
+
+
+class UnknownPlan(DaemonRequestError, LookupError):
+    """The daemon holds no such plan (it restarted, or the consumer's lease expired): register it again."""
+
+
+class ConsumerKeyMismatch(DaemonRequestError, PermissionError):
+    """The request does not carry the key of the consumer it names (another process's plans)."""
+
+
+class ManifestVersionGone(DaemonRequestError, ManifestError):
+    """The consumer's manifest is neither the origin's current one nor a version the daemon still holds."""
+
+
+class NotAtDestination(StagerError, FileNotFoundError):
+    """``--finalize`` found an object missing or different at the destination."""
+
+
+class ReplicationBusy(StagerError, BlockingIOError):
+    """Another process is running the same replication shard with this state directory."""
+
+
+class JournalError(StagerError, OSError):
+    """The journal database cannot be opened or written (disk full, corrupt file)."""
+
+
+class MountError(StagerError, OSError):
+    """FUSE cannot work here, or the mount point cannot be used or unmounted."""
+
+
 class CheckpointError(StagerError, OSError):
     """A checkpoint cannot be staged, drained, verified or loaded as asked."""
 
@@ -144,6 +221,11 @@ class StagingFull(CheckpointError):
 
 class CheckpointIncomplete(CheckpointError):
     """A file of a checkpoint is missing or damaged at every store that should hold it."""
+
+
+class S3ServerError(RuntimeError):
+    """A test origin (the rclone S3 server of ``stager.testing``) could not be started or refused an admin
+    request. Not a :class:`StagerError`: it is the test harness failing, not stager."""
 
 
 def leaf_errors(group: BaseException) -> list[BaseException]:
@@ -192,18 +274,33 @@ __all__ = [
     "CheckpointError",
     "CheckpointIncomplete",
     "ConfigError",
+    "ConsumerKeyMismatch",
     "CorruptData",
     "DaemonError",
+    "DaemonRequestError",
+    "DaemonUnavailable",
+    "DestinationGone",
     "DiskFull",
+    "InvalidPath",
+    "InvalidRange",
+    "JournalError",
     "ManifestError",
+    "ManifestVersionGone",
+    "MountError",
+    "NotAtDestination",
     "OriginChanged",
     "OriginError",
     "OriginUnavailable",
+    "ReplicationBusy",
+    "S3ServerError",
     "ShardNotFound",
     "StagerError",
     "StagingFull",
     "Throttled",
     "TransientOriginError",
+    "UnknownPlan",
+    "UnsupportedOperation",
+    "UploadLost",
     "first_error",
     "group_message",
     "leaf_errors",

@@ -55,11 +55,11 @@ def test_the_wheel_has_one_top_level_name(wheel: Path) -> None:
 
 def test_a_fresh_venv_gets_stager_and_stager_fuse_and_no_top_level_fuse(wheel: Path, tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)  # this pip installs into it (--python): no ensurepip run per test
     python = env_dir / "bin" / "python"
     clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the venv installed
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, timeout=240, env=clean_env)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+                    str(wheel)], check=True, timeout=240, env=clean_env)
     probe = ("import importlib.util as u, json, sys\n"
              "print(json.dumps([u.find_spec('fuse') is None, u.find_spec('stager') is not None]))")
     out = subprocess.run([python, "-c", probe], check=True, capture_output=True, text=True, timeout=60,

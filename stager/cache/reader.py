@@ -48,15 +48,22 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import mmap
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import xxhash
 
 from ..errors import CacheCorrupt, CacheError
 from .fileio import os_error
+
+if TYPE_CHECKING:
+    from .tier import CacheTier
+
+log = logging.getLogger(__name__)
 
 #: The nanoseconds of a committed file's mtime, set by the commit once it hashed the whole file. Any
 #: later write sets the mtime to the clock; a file system without nanosecond times cannot keep it (its
@@ -218,9 +225,9 @@ class VerifiedReads:
         """
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise
         except OSError as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise  # evicted or dropped meanwhile: the caller asks again
             raise os_error(exc, f"opening blob {digest}") from exc
         try:
             st = os.fstat(fd)
@@ -315,3 +322,116 @@ class VerifiedReads:
             return {"read_checks_files": self.files_checked, "read_checks_resident": self.files_resident,
                     "read_checks_blocks": self.blocks_checked,
                     "read_checks_bytes": self.bytes_checked, "read_checks_failed": self.mismatches}
+
+
+class BlockReads:
+    """One block's verified bytes out of a cache directory, for the engine and the daemon's client alike.
+
+    The complete-file probe (a file under ``blobs/`` is complete: no index look-up needed), a block read
+    back from a complete file or from a partial one (its verified blocks), each hashed against the
+    manifest's block digest before it is handed out, and the retry when the file is evicted under the
+    reader. A block that changed on the disk since it was verified is dropped through the cache's API
+    (the whole blob if complete, that block if partial), so it is fetched again; never served.
+
+    Args:
+        complete_path: where a blob's complete file is (``CacheTier.complete_path`` or the layout's).
+        tier: the cache tier that opens partial files and drops bad bytes (called when first needed: a
+            consumer of the daemon opens its read-only view of the index only then).
+        on_corrupt: called with the digest each time a block read back did not match.
+    """
+
+    #: reads of a block whose blob is evicted under the reader, again and again, before giving up
+    ATTEMPTS = 4
+
+    def __init__(self, complete_path: Callable[[str], Path], tier: Callable[[], CacheTier], *,
+                 on_corrupt: Callable[[str], None] | None = None) -> None:
+        self._complete_path = complete_path
+        self._tier = tier
+        self._on_corrupt = on_corrupt
+
+    def complete(self, digest: str) -> Path | None:
+        """The blob's complete (verified) file, or None if it is not complete in the cache now."""
+        path = self._complete_path(digest)
+        return path if path.exists() else None
+
+    def read_complete(self, digest: str, path: Path, start: int, end: int, expected: int) -> bytes | None:
+        """Bytes ``[start, end)`` (one block) of the complete file at ``path``, checked against the
+        block's xxh3-64 ``expected`` (blocking: call in a thread); None if the file is gone, or changed
+        on the disk (then the blob is dropped, to be fetched again)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            data = os.pread(fd, end - start, start)
+            if len(data) == end - start and xxhash.xxh3_64_intdigest(data) == expected:
+                return data
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        self.drop(digest, (st.st_dev, st.st_ino))
+        return None
+
+    def read_verified(self, digest: str, block: int, expected: int) -> bytes | None:
+        """A verified block of a blob that may still be partial (complete ones too: the open file
+        survives eviction), checked against ``expected`` (blocking: call in a thread); None if the blob
+        went away meanwhile (evicted, or dropped and begun again) or the block changed on the disk (then
+        it is dropped, to be fetched again)."""
+        tier = self._tier()
+        handle = tier.open_partial(digest)
+        if handle is None:
+            return None
+        try:
+            data = handle.read_block(block)
+            if xxhash.xxh3_64_intdigest(data) == expected:
+                return data
+            st = os.stat(handle.path)
+            bad = None if handle.complete else [block]
+        except (CacheError, FileNotFoundError):
+            return None
+        finally:
+            handle.close()
+        self.drop(digest, (st.st_dev, st.st_ino), bad, where=f" block {block}")
+        return None
+
+    async def read(self, digest: str, block: int, start: int, end: int, expected: int,
+                   fetch: Callable[[], Awaitable[bytes | Path | None]],
+                   in_thread: Callable[..., Awaitable[Any]], *, what: str) -> bytes:
+        """The verified bytes of one block: from the complete file when there is one, else from what
+        ``fetch()`` brings (the bytes themselves; the path of the complete file; or None: verified in the
+        cache's files now), again while the blob is evicted under the reader.
+
+        Args:
+            in_thread: runs a blocking read off the event loop (``in_thread(fn, *args)``).
+            what: names the block in the error.
+
+        Raises:
+            CacheError: the block kept being evicted before it could be read.
+            whatever ``fetch`` raises.
+        """
+        for _ in range(self.ATTEMPTS):
+            path = self.complete(digest)
+            if path is not None:
+                data = await in_thread(self.read_complete, digest, path, start, end, expected)
+                if data is not None:
+                    return data
+                continue  # evicted between the probe and the open, or dropped as bad: ask again
+            found = await fetch()
+            if isinstance(found, Path):
+                data = await in_thread(self.read_complete, digest, found, start, end, expected)
+            elif found is None:
+                data = await in_thread(self.read_verified, digest, block, expected)
+            else:
+                data = found
+            if data is not None:
+                return data  # else gone, or changed on the disk and dropped: fetched again
+        raise CacheError(f"{what} kept being evicted from the cache before it could be read; "
+                         "the cache is too small for its readers")
+
+    def drop(self, digest: str, identity: FileIdentity, blocks: list[int] | None = None, *, where: str = "") -> None:
+        """Bytes of the file ``identity`` no longer match their digest: drop the blob (or those ``blocks`` of
+        a partial one) through the cache's API, so they are fetched again (blocking: call in a thread)."""
+        log.warning("blob %s%s changed on the cache disk since it was verified; dropping it", digest, where)
+        if self._on_corrupt is not None:
+            self._on_corrupt(digest)
+        self._tier().drop_corrupt(digest, identity, blocks)

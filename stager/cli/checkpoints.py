@@ -16,7 +16,7 @@ from ..config import SourceConfig
 from ..errors import CheckpointError
 from . import cli
 from .options import SECONDS, parse_storage_options, storage_option_flag
-from .progress import run_async
+from ..event_loop import run_async
 
 
 def _options_for(url: str, dest_options: dict, replica_options: dict):

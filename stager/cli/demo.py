@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
+from ..event_loop import run_async
 from . import cli
-from .progress import run_async
 
 
 @cli.command("demo")

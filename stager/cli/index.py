@@ -7,13 +7,14 @@ import asyncio
 import click
 
 from ..config import DEFAULT_BLOCK_SIZE, RetryConfig
+from ..event_loop import run_async
 from ..manifest import MANIFEST_PATH, load_manifest_data, save_manifest
 from ..manifest.build import AUTO, TOKEN_DTYPES, IndexConfig, build_manifest, list_selected, plain_bin_files
 from ..manifest.layouts import FORMATS
+from ..progress import byte_progress
 from ..store import open_store
 from . import cli
 from .options import BLOCK_SIZE, SECONDS, source_config, storage_option_flag
-from .progress import byte_progress, run_async
 
 
 @cli.command("index")

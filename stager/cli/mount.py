@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
+from ..event_loop import run_async
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
 from .options import SIZE, Capacity, source_config, storage_option_flag
-from .progress import run_async
 
 
 @cli.command("mount")

@@ -10,14 +10,15 @@ import click
 
 from ..config import DEFAULT_BLOCK_SIZE, RetryConfig, SourceConfig, load_toml
 from ..errors import ConfigError, StagerError
+from ..event_loop import run_async
 from ..manifest.build import AUTO, TOKEN_DTYPES, IndexConfig
+from ..progress import byte_progress, stderr_console
 from ..replicate import ReplicateConfig, Replicator, Shard, parse_shard, shard_from_env
 from ..replicate.copier import DEFAULT_PART_SIZE
 from ..replicate.replicator import MAX_PART_SIZE
 from ..replicate.plan import Action
 from . import cli
 from .options import BLOCK_SIZE, RATE, SECONDS, SecondsType, SizeType, checked_by, parse_storage_options
-from .progress import byte_progress, run_async, stderr_console
 
 
 def _profile(name: str | None, side: str) -> dict[str, Any]:

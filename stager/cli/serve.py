@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 
 from ..config import FetchConfig
-from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, default_socket_path, parse_address
+from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig, parse_address
+from ..daemon_client import default_socket_path
+from ..event_loop import run_async
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
 from .options import POSITIVE_SIZE, SECONDS, Capacity, SecondsType, checked_by
-from .progress import run_async
 
 
 @cli.command("serve")

@@ -20,12 +20,13 @@ import numpy as np
 from ..cache import BlobState, CacheTier
 from ..config import CacheConfig
 from ..errors import BlobTooLarge, CacheFull, DiskFull, StagerError
+from ..event_loop import run_async
 from ..hashing import block_range
+from ..progress import byte_progress
 from ..session import EmbeddedSession, RemoteSession, Session, open_session
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
 from .options import POSITIVE_SIZE, Capacity, source_config, storage_option_flag
-from .progress import byte_progress, run_async
 
 
 @cli.command("stage")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,11 @@ from ..cache.reserve import IndexReserve
 from ..cache.verify import scrub
 from ..config import CacheConfig
 from ..errors import DiskFull, StagerError
+from ..event_loop import run_async
+from ..progress import stderr_console
 from . import cli
 from .cache_options import cache_config, cache_flags
 from .options import SHARE, Capacity
-from .progress import run_async, stderr_console
 
 log = logging.getLogger(__name__)
 
@@ -145,15 +145,11 @@ def _verify_on_full_disk(config: CacheConfig, sample: float | None) -> VerifyRep
 
 def _daemon_status(config: CacheConfig, socket_path: str | None) -> dict[str, Any] | None:
     """The daemon's status if one answers on the socket and serves this cache directory."""
-    from ..daemon import DaemonClient, default_socket_path, probe
+    from ..daemon_client import DaemonClient, default_socket_path, probe, same_cache
 
     path = Path(socket_path).expanduser() if socket_path else default_socket_path()
     health = probe(path)
-    try:
-        st = os.stat(config.directory)
-    except OSError:
-        return None
-    if health is None or (health.get("cache_dev"), health.get("cache_ino")) != (st.st_dev, st.st_ino):
+    if health is None or not same_cache(health, config.directory):
         return None
 
     async def ask() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The daemon's own settings, and where its socket lives by default.
+"""The daemon's own settings: its socket and who may use it, the metrics listener, a stop's drain, leases.
 
 Cache and fetch settings are the usual :class:`~stager.config.CacheConfig`
 and :class:`~stager.config.FetchConfig`; :class:`DaemonConfig` holds what only
@@ -6,13 +6,7 @@ the daemon has: its Unix socket and who may use it, the optional TCP
 listener for Prometheus, the bound on a graceful stop, and consumer leases.
 
 The default socket path is found the same way by the daemon and by its
-consumers, so neither needs telling when both run with default settings:
-
-1. ``STAGER_SOCKET``, when set;
-2. ``/run/stager/stager.sock`` when ``/run/stager`` exists and this user may
-   enter it (the systemd unit creates it), or when running as root;
-3. ``$XDG_RUNTIME_DIR/stager/stager.sock`` when ``XDG_RUNTIME_DIR`` is set;
-4. ``/tmp/stager-<uid>/stager.sock`` otherwise.
+consumers (``stager.daemon_client.socket_path``).
 """
 
 from __future__ import annotations
@@ -20,30 +14,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
+from ..daemon_client.socket_path import MAX_SOCKET_PATH, default_socket_path
 from ..errors import ConfigError
 
-SYSTEM_SOCKET_DIR = Path("/run/stager")
-SOCKET_NAME = "stager.sock"
 DRAIN_TIMEOUT = 10.0
 LEASE = 60.0
-#: Linux limits a Unix socket address to 107 bytes (sun_path is 108 with its NUL).
-MAX_SOCKET_PATH = 107
-
-
-def default_socket_path(environ: Mapping[str, str] | None = None, *, uid: int | None = None,
-                        system_dir: Path = SYSTEM_SOCKET_DIR) -> Path:
-    """The socket path a daemon serves and consumers look for when none is given (see the module doc)."""
-    env = os.environ if environ is None else environ
-    if env.get("STAGER_SOCKET"):
-        return Path(env["STAGER_SOCKET"]).expanduser()
-    uid = os.getuid() if uid is None else uid
-    if uid == 0 or (system_dir.is_dir() and os.access(system_dir, os.X_OK)):
-        return system_dir / SOCKET_NAME
-    if env.get("XDG_RUNTIME_DIR"):
-        return Path(env["XDG_RUNTIME_DIR"]) / "stager" / SOCKET_NAME
-    return Path(f"/tmp/stager-{uid}") / SOCKET_NAME
 
 
 def parse_address(text: str, *, what: str = "--metrics-address") -> tuple[str, int]:

@@ -40,11 +40,11 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from ..config import SourceConfig
+from ..daemon_client.protocol import ManifestVersionGone, manifest_fingerprint
 from ..engine import Dataset, Engine
 from ..errors import StagerError
 from ..manifest import Manifest
 from .identity import SourceIdentities
-from .protocol import ManifestVersionGone, manifest_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -58,6 +58,31 @@ class DaemonSnapshot:
     socket: str = ""
 
 
+#: (metric name, help, engine counter) of the engine's counters, exported as they are.
+ENGINE_COUNTERS = (
+    ("staged_bytes", "Verified bytes written to the cache from the origin.", "bytes_fetched"),
+    ("staged_blocks", "Verified blocks written to the cache from the origin.", "blocks_fetched"),
+    ("staged_blobs", "Blobs fetched and committed to the cache.", "blobs_completed"),
+    ("blobs_already_cached", "Blob fetches that found the blob complete already.", "blobs_already_cached"),
+    ("blobs_from_other_process", "Blobs completed by another process sharing the cache.", "blobs_from_other_process"),
+    ("hedged_requests", "Straggling block requests raced by a second request.", "hedged_requests"),
+    ("hedges_won", "Hedged requests whose second request answered first.", "hedges_won"),
+    ("verify_failures", "Blocks from the origin that failed their digest (then retried).", "verify_failures"),
+    ("consumer_wait_seconds", "Seconds consumers spent blocked on a blob not yet in the cache.",
+     "consumer_wait_seconds"),
+    ("consumer_waits", "Times a consumer asked for a blob not yet in the cache.", "consumer_waits"),
+    ("cache_full_waits", "Prefetches that waited for room in the cache.", "cache_full_waits"),
+)
+
+#: The same for the adaptive concurrency limit (engine/concurrency.py) and what it achieves, as gauges.
+CONCURRENCY_GAUGES = (
+    ("fetch_concurrency", "Block requests the engine allows in flight now (adaptive).", "concurrency"),
+    ("fetch_concurrency_ceiling", "The most block requests the adaptive limit may allow.", "concurrency_ceiling"),
+    ("fetch_requests_in_flight", "Block requests in flight now.", "requests_in_flight"),
+    ("fetch_throughput_bytes_per_second", "Bytes fetched per second over the last second.", "throughput_bps"),
+)
+
+
 class _SnapshotCollector(Collector):
     def __init__(self) -> None:
         self.snapshot: DaemonSnapshot | None = None
@@ -81,31 +106,11 @@ class _SnapshotCollector(Collector):
         yield gauge("daemon_start_time_seconds", "When the daemon started (seconds since the epoch).", s.started)
         yield gauge("daemon_draining", "1 while the daemon is stopping.", float(s.draining))
 
-        yield counter("staged_bytes", "Verified bytes written to the cache from the origin.", e["bytes_fetched"])
-        yield counter("staged_blocks", "Verified blocks written to the cache from the origin.", e["blocks_fetched"])
-        yield counter("staged_blobs", "Blobs fetched and committed to the cache.", e["blobs_completed"])
-        yield counter("blobs_already_cached", "Blob fetches that found the blob complete already.",
-                      e["blobs_already_cached"])
-        yield counter("blobs_from_other_process", "Blobs completed by another process sharing the cache.",
-                      e["blobs_from_other_process"])
-        yield counter("hedged_requests", "Straggling block requests raced by a second request.",
-                      e["hedged_requests"])
-        yield counter("hedges_won", "Hedged requests whose second request answered first.", e["hedges_won"])
-        yield counter("verify_failures", "Blocks from the origin that failed their digest (then retried).",
-                      e["verify_failures"])
-        yield counter("consumer_wait_seconds", "Seconds consumers spent blocked on a blob not yet in the cache.",
-                      e["consumer_wait_seconds"])
-        yield counter("consumer_waits", "Times a consumer asked for a blob not yet in the cache.",
-                      e["consumer_waits"])
-        yield counter("cache_full_waits", "Prefetches that waited for room in the cache.", e["cache_full_waits"])
+        for name, doc, key in ENGINE_COUNTERS:
+            yield counter(name, doc, e[key])
         if "concurrency" in e:  # the adaptive limit (engine/concurrency.py) and what it achieves
-            yield gauge("fetch_concurrency", "Block requests the engine allows in flight now (adaptive).",
-                        e["concurrency"])
-            yield gauge("fetch_concurrency_ceiling", "The most block requests the adaptive limit may allow.",
-                        e["concurrency_ceiling"])
-            yield gauge("fetch_requests_in_flight", "Block requests in flight now.", e["requests_in_flight"])
-            yield gauge("fetch_throughput_bytes_per_second", "Bytes fetched per second over the last second.",
-                        e["throughput_bps"])
+            for name, doc, key in CONCURRENCY_GAUGES:
+                yield gauge(name, doc, e[key])
             yield counter("fetch_throttle_backoffs", "Times the adaptive limit was cut after SlowDown.",
                           e["throttle_backoffs"])
 

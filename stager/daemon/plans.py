@@ -33,8 +33,8 @@ from typing import Callable
 import numpy as np
 
 from ..cache.liveness import ProcessIdentity, boot_id, is_alive, process_start
+from ..daemon_client.protocol import ConsumerKeyMismatch, UnknownPlan
 from ..engine import Dataset, Engine, Plan
-from .protocol import ConsumerKeyMismatch, UnknownPlan
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Anyone who can open the socket can send anything, so every field is checked
 for type, range and size before it reaches the engine, and a bad one is
-refused with :class:`~stager.daemon.protocol.DaemonRequestError` (HTTP 400)
+refused with :class:`~stager.errors.DaemonRequestError` (HTTP 400)
 naming the field. Storage options are passed on to the store unchanged (they
 may hold credentials) and never appear in an error message.
 """
@@ -21,8 +21,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..config import SourceConfig
+from ..daemon_client.protocol import DaemonRequestError
 from ..store.base import split_protocol
-from .protocol import DaemonRequestError
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
 _FINGERPRINT_RE = re.compile(r"[0-9a-f]{32}")

@@ -20,7 +20,6 @@ import asyncio
 import functools
 import logging
 import math
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,10 +28,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..cache import BlobState, CacheTier
-from ..cache.fileio import pread_exact
+from ..cache.reader import BlockReads
 from ..config import FetchConfig, SourceConfig
 from ..errors import CacheError, DiskFull
-from ..hashing import block_digest, block_range
+from ..hashing import block_range
 from ..manifest import Manifest
 from ..store import OriginStats
 from .dataset import BlobRef, Dataset
@@ -45,22 +44,6 @@ from .plan import URGENT, Plan
 from .stats import EngineStats
 
 log = logging.getLogger(__name__)
-
-_READ_ATTEMPTS = 4  # a block read back from a blob that is evicted under the reader, again and again
-
-
-def _read_file_range(path: Path, start: int, end: int) -> tuple[bytes, tuple[int, int]] | None:
-    """Bytes ``[start, end)`` of a complete blob file and the file's (device, inode); None if it is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        st = os.fstat(fd)
-        return pread_exact(fd, end - start, start), (st.st_dev, st.st_ino)
-    finally:
-        os.close(fd)
-
 
 class Engine:
     """Fetches blobs for plans into a cache tier. Use as ``async with Engine(cache) as engine``."""
@@ -84,6 +67,7 @@ class Engine:
         self._block_listeners: list[Callable[[BlobRef, int], None]] = [self._count_for_concurrency]
         self._closed = False
         self._room = asyncio.Event()  # set whenever room may have been made: a job ended, a plan moved on
+        self._reads = BlockReads(cache.complete_path, lambda: cache, on_corrupt=self._read_back_corrupt)
 
     async def __aenter__(self) -> "Engine":
         return self
@@ -148,41 +132,20 @@ class Engine:
         if not 0 <= block < len(ref.blocks):
             raise ValueError(f"{ref.path}: block {block} out of range (it has {len(ref.blocks)})")
         start, end = block_range(block, ref.size, ref.block_size)
-        for _ in range(_READ_ATTEMPTS):
-            if self.cache.state(ref.digest) is BlobState.COMPLETE:
-                found = await self.in_disk_thread(_read_file_range, self.cache.complete_path(ref.digest), start, end)
-                if found is None:
-                    continue  # evicted between the look-up and the open
-                data, identity = found
-                if block_digest(data) == ref.blocks[block]:
-                    return data
-                # Changed on the disk since it was verified: drop the blob, fetch the block again.
-                self.stats.verify_failures += 1
-                await self.in_disk_thread(self.cache.drop_corrupt, ref.digest, identity)
-                continue
+
+        async def fetch() -> bytes | None:  # None: it was verified already, to be read back from the cache
             began = time.monotonic()
             try:
-                data = await asyncio.shield(self._job(ref).want(block, priority))
+                return await asyncio.shield(self._job(ref).want(block, priority))
             finally:
                 self.stats.consumer_wait_seconds += time.monotonic() - began
                 self.stats.consumer_waits += 1
-            if data is None:  # it was verified already: read it back from the cache
-                data = await self.in_disk_thread(self._read_verified_block, ref, block)
-            if data is not None:
-                return data
-        raise CacheError(f"{ref.path}: block {block} kept being evicted from the cache at {self.cache.directory} "
-                         "before it could be read; the cache is too small for its readers")
 
-    def _read_verified_block(self, ref: BlobRef, block: int) -> bytes | None:
-        handle = self.cache.open_partial(ref.digest)
-        if handle is None:
-            return None
-        try:
-            return handle.read_block(block)
-        except CacheError:
-            return None  # dropped and restarted meanwhile
-        finally:
-            handle.close()
+        return await self._reads.read(ref.digest, block, start, end, ref.blocks[block], fetch, self.in_disk_thread,
+                                      what=f"{ref.path}: block {block} (cache {self.cache.directory})")
+
+    def _read_back_corrupt(self, digest: str) -> None:
+        self.stats.verify_failures += 1  # changed on the disk since it was verified: dropped, fetched again
 
     def _job(self, ref: BlobRef) -> BlobJob:
         """The blob's single flight in this process (started on first use; it ends when served)."""

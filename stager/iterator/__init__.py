@@ -25,9 +25,10 @@ parts of a saved loader state they were each handed once as they start
 (:mod:`.exchange`), so any of them can re-deal from the whole.
 """
 
+from .config import IteratorConfig
 from .iterator import TokenIterator
 from .order import EpochOrder, OrderSpec
 from .samples import SampleIndex, SampleSpec
 from .state import StreamState
 
-__all__ = ["EpochOrder", "OrderSpec", "SampleIndex", "SampleSpec", "StreamState", "TokenIterator"]
+__all__ = ["EpochOrder", "IteratorConfig", "OrderSpec", "SampleIndex", "SampleSpec", "StreamState", "TokenIterator"]

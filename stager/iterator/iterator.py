@@ -25,8 +25,8 @@ naming the shard, and no sample is made up.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 import time
 import weakref
 from pathlib import Path
@@ -36,15 +36,17 @@ import numpy as np
 
 from ..cache import CacheTier
 from ..cache.layout import CacheLayout
-from ..cache.reader import VerifiedReads
-from ..config import CacheConfig, FetchConfig, SourceConfig, default_cache_dir
-from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, DiskFull, OriginError, StagerError
+from ..cache.reader import BlockReads, VerifiedReads
+from ..config import SourceConfig
+from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
 from ..manifest import Manifest
 from .ahead import MadeAhead
+from .config import IteratorConfig
 from .deal import Layout, Remainder, Slice
 from .order import EpochOrder, OrderSpec
 from .readers import reader_for
-from .samples import SampleIndex, SampleSpec
+from .samples import SampleIndex
+from .shard_plan import plan_shards
 from .state import StreamState, from_loader_state
 from .staging import StagingLink, describe, load_manifest_sync
 from .stats import IteratorStats
@@ -52,9 +54,7 @@ from .stats import IteratorStats
 log = logging.getLogger(__name__)
 
 BLOCK = 8192  # positions mapped per NumPy call while reading
-PLAN_BLOCK = 1 << 20  # positions mapped per call while computing the plan
 AHEAD_LIMIT = 1 << 16  # samples looked at for the "steps ready ahead" figure
-CACHE_FULL_PATIENCE = 60.0  # seconds a consumer waits for room in a full cache before it gives up
 RESERVATION_UNIT = 4096  # the cache charges each blob in whole units of at least this (CacheTier._unit)
 
 
@@ -62,112 +62,33 @@ class TokenIterator:
     """Fixed-length token samples of a staged dataset, in a deterministic, resumable order.
 
     Args:
-        source: the dataset's URL or path (a :class:`SourceConfig` carries storage options too).
-        seq_len: tokens per sample (``seq_len + 1`` with ``with_labels``: inputs and labels shifted by one).
-        seed: the shuffle seed; epochs are permuted by ``(seed, epoch)``.
-        epoch: the epoch to start with.
-        shuffle: False reads shards and samples in manifest order.
-        shuffle_window: shards whose samples are mixed together; they are staged together.
-        batch_size: samples per step on one rank: the unit dealt to ranks and workers (set it to the
-            DataLoader's batch size so any step boundary is a resumable point at any world size).
-        batches: yield ``(batch_size, sample_len)`` arrays instead of single samples.
-        drop_last: deal only whole steps of ``world_size * batch_size`` samples per epoch.
-        rank, world_size: this process among the data-parallel ranks.
-        worker, num_workers: this consumer among the rank's loader workers.
-        cache_dir, capacity: the node-local cache (directory; bytes, default 80% of its disk). It must
-            hold two shuffle windows of the largest shards, or the constructor refuses it.
-        fetch: how the engine fetches (concurrency, bandwidth, retries, ...).
-        storage_options: fsspec options for ``source`` (endpoint, keys).
+        source: the dataset's URL or path (a :class:`SourceConfig` carries storage options too), or a
+            whole :class:`~stager.iterator.config.IteratorConfig`.
         manifest: the dataset's manifest, if already loaded (every consumer must use the same one).
-        dtype: NumPy dtype of the yielded tokens (default: the shards' own, without a copy).
-        token_column: the token column of Parquet / Arrow shards whose manifest names none.
-        prefetch_bytes: how far ahead of the cursor to stage (default: the fetch window, at
-            least two shuffle windows; the engine caps it at half the cache).
-        log_every: seconds between progress log lines (0: never).
-        make_ahead: with ``batches``, batches a helper thread makes while the loop computes, so
-            that ``next()`` only takes one (0: each is made inside ``next()``). The loop never
-            waits for the helper: when none is ready, ``next()`` makes it, in the same order.
-        session: "auto" (the node daemon when one serves ``cache_dir``, else an engine in this
-            process), "daemon" or "embedded".
-        socket: the daemon's Unix socket (default: ``STAGER_SOCKET`` or the daemon's default).
-        verify_reads: "first" hashes each shard's cache file the first time this iterator maps
-            it, before any sample is cut from it (a file that changed on disk is dropped and
-            fetched again); "off" trusts the cache disk. See :mod:`stager.cache.reader`.
+        storage_options, and every other keyword: the fields of
+            :class:`~stager.iterator.config.IteratorConfig` (``seq_len``, ``seed``, ``batch_size``,
+            ``rank``, ``cache_dir``, ``session``, ...), which says what each means.
 
     Raises:
         ConfigError: a bad argument, or a capacity smaller than two shuffle windows.
         ManifestError, OriginError: the manifest cannot be loaded.
     """
 
-    def __init__(
-        self,
-        source: str | SourceConfig,
-        *,
-        seq_len: int,
-        seed: int = 0,
-        epoch: int = 0,
-        with_labels: bool = False,
-        shuffle: bool = True,
-        shuffle_window: int = 8,
-        batch_size: int = 1,
-        batches: bool = False,
-        drop_last: bool = False,
-        rank: int = 0,
-        world_size: int = 1,
-        worker: int = 0,
-        num_workers: int = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-        capacity: int | None = None,
-        fetch: FetchConfig | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        manifest: Manifest | None = None,
-        dtype: Any = None,
-        token_column: str = "tokens",
-        prefetch_bytes: int | None = None,
-        log_every: float = 60.0,
-        make_ahead: int = 4,
-        session: str = "auto",
-        socket: str | os.PathLike[str] | None = None,
-        verify_reads: str = "first",
-    ) -> None:
-        if isinstance(source, SourceConfig):
-            if storage_options:
-                raise ConfigError("give storage_options in the SourceConfig or as an argument, not both")
-            self.source = source
+    def __init__(self, source: str | SourceConfig | IteratorConfig, *, manifest: Manifest | None = None,
+                 **options: Any) -> None:
+        if isinstance(source, IteratorConfig):
+            config = dataclasses.replace(source, **options) if options else source
         else:
-            self.source = SourceConfig(str(source), dict(storage_options or {}))
-        # Written through the page cache: this process reads each blob moments after staging it, from
-        # memory then, and its maps read a file the writes brought in faster than one brought in by
-        # their own faults. (The CLI, the daemon and the mount write past the page cache.)
-        directory = Path(cache_dir) if cache_dir else default_cache_dir()
-        self.cache_config = CacheConfig(directory=directory, capacity=capacity, direct_writes=False,
-                                        verify_reads=verify_reads)
-        self.fetch_config = fetch or FetchConfig()
-        self.sample_spec = SampleSpec(seq_len, with_labels)
-        self.order_spec = OrderSpec(seed, shuffle, shuffle_window)
-        self.layout = Layout(world_size, rank, num_workers, worker, batch_size)
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self.batches = bool(batches)
-        self.drop_last = bool(drop_last)
-        self.dtype = None if dtype is None else np.dtype(dtype)
-        self.token_column = token_column
-        if prefetch_bytes is not None and prefetch_bytes <= 0:
-            raise ConfigError(f"prefetch_bytes must be > 0, got {prefetch_bytes}")
-        self.prefetch_bytes = prefetch_bytes
-        self.log_every = float(log_every)
-        if isinstance(make_ahead, bool) or not isinstance(make_ahead, int) or make_ahead < 0:
-            raise ConfigError(f"make_ahead must be a non-negative integer, got {make_ahead!r}")
-        self.make_ahead = make_ahead
-        if session not in ("auto", "daemon", "embedded"):
-            raise ConfigError(f"session must be auto, daemon or embedded, got {session!r}")
-        self.session_mode = session
-        self.socket = socket
+            config = IteratorConfig.of(source, **options)
+        self.config = config
+        self.source, self.cache_config, self.fetch_config = config.source, config.cache, config.fetch
+        self.sample_spec, self.order_spec, self.layout = config.sample_spec, config.order_spec, config.layout
+        self.batches, self.drop_last, self.dtype = config.batches, config.drop_last, config.dtype
         self.manifest = manifest if manifest is not None else load_manifest_sync(self.source, self.fetch_config)
         self.index = SampleIndex(self.manifest, self.sample_spec, self.source.url)
         shard_dtypes = {self.manifest.dtypes[i] for i in self.index.shards.tolist()}
         self.out_dtype = self.dtype or np.result_type(*[np.dtype(d or "uint32") for d in shard_dtypes])
-        self._epoch = epoch
+        self._epoch = config.epoch
         self._remainder: Remainder | None = None  # None: the whole epoch, not started
         self._done = 0  # samples of this consumer's slice already yielded
         self._generation = 0
@@ -182,6 +103,7 @@ class TokenIterator:
         self.wrap_batch: Callable[[np.ndarray], Any] | None = None
         self._last_log = time.monotonic()
         self._cache_layout = CacheLayout(self.cache_config.directory)
+        self._blocks: BlockReads | None = None  # the cache reader's probe and drop, made on first use
         self._reads: VerifiedReads | None = None  # files checked by this process, made on first use
         self._cache: CacheTier | None = None  # opened only to drop a blob found bad on disk
         self._check_capacity()
@@ -278,8 +200,8 @@ class TokenIterator:
     def _counted(self, generation: int, batches: Iterator[tuple[int, Any]]) -> Iterator[Any]:
         """``batches`` (made ahead if asked), counted as they reach the consumer: its progress."""
         source: Iterator[tuple[int, Any]] = batches
-        if self.make_ahead:
-            source = self._ahead = MadeAhead(batches, self.make_ahead)
+        if self.config.make_ahead:
+            source = self._ahead = MadeAhead(batches, self.config.make_ahead)
         try:
             for rows, batch in source:
                 if generation != self._generation:
@@ -356,7 +278,7 @@ class TokenIterator:
         self._maybe_log()
 
     def _maybe_log(self) -> None:
-        if self.log_every and time.monotonic() - self._last_log >= self.log_every:
+        if self.config.log_every and time.monotonic() - self._last_log >= self.config.log_every:
             self._last_log = time.monotonic()
             log.info("%s", describe(self.stats()))
 
@@ -386,53 +308,25 @@ class TokenIterator:
         """This process's link, made on first use (again in a forked child: never an inherited one)."""
         if self._link is None or not self._link.usable:
             self._link = StagingLink(self.source, self.manifest, self.cache_config, self.fetch_config,
-                                     self.session_mode, self.socket)
+                                     self.config.session, self.config.socket)
             self._finalizer = weakref.finalize(self, self._link.close)
         return self._link
 
-    def _plan(self, order: EpochOrder, piece: Slice, start: int) -> tuple[np.ndarray, np.ndarray]:
-        """Shards of ``piece`` from sample ``start`` on, in order of first touch, and their windows."""
-        seen = np.zeros(len(self.manifest), dtype=bool)
-        shards, windows = [], []
-        for lo in range(start, len(piece), PLAN_BLOCK):
-            found = order.lookup(piece.positions(lo, lo + PLAN_BLOCK))
-            fresh = ~seen[found.shards]
-            s, w = found.shards[fresh], found.windows[fresh]
-            _, first = np.unique(s, return_index=True)
-            first.sort()
-            shards.append(s[first])
-            windows.append(w[first])
-            seen[s] = True
-        if not shards:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(shards), np.concatenate(windows)
-
     def _start_plan(self, link: StagingLink, order: EpochOrder, piece: Slice,
                     start: int) -> tuple[np.ndarray, np.ndarray]:
-        shards, windows = self._plan(order, piece, start)
-        sizes = self.manifest.sizes
-        window_bytes = order.max_window_bytes(sizes)
-        ahead = max(self.prefetch_bytes or self.fetch_config.window_bytes, 2 * window_bytes)
-        # The next epoch's first windows go last: staged while this epoch ends, never waited on here.
-        following = self._order(order.epoch + 1)
-        extra, budget = [], ahead
-        for w in range(following.windows):
-            if budget <= 0:
-                break
-            extra.append(following.window_shards(w))
-            budget -= int(sizes[extra[-1]].sum())
-        full = np.concatenate([shards, *extra]) if extra else shards
-        name = f"epoch-{order.epoch}"
-        link.start_plan(full, ahead, name)
+        plan = plan_shards(order, self._order(order.epoch + 1), piece, start, self.manifest.sizes,
+                           self.config.prefetch_bytes or self.fetch_config.window_bytes)
+        link.start_plan(plan.staged, plan.ahead, plan.name)
         self._stats.plans += 1
-        return shards, windows
+        return plan.shards, plan.windows
 
     def _open(self, link: StagingLink, shard: int, position: int) -> np.ndarray:
         m = self.manifest
         name = m.paths[shard]
-        reader = reader_for(name, token_column=self.token_column, layout=m.layouts[shard], column=m.columns[shard])
-        complete = self._cache_layout.complete_path(m.digest(shard))
-        if complete.exists():
+        reader = reader_for(name, token_column=self.config.token_column, layout=m.layouts[shard],
+                            column=m.columns[shard])
+        complete = self._block_reads().complete(m.digest(shard))
+        if complete is not None:
             # Staged already (a complete file exists only after its verified rename): read it
             # without asking the engine, which would only answer with this path, a thread hop
             # later. Gone since (dropped by a repair), changed on disk (dropped here) or
@@ -479,12 +373,15 @@ class TokenIterator:
             data, _ = self._verified_reads().map_blob(path, digest, int(m.sizes[shard]))
         except CacheCorrupt as exc:
             self._stats.corrupt_blobs += 1
-            log.warning("%s/%s: the cached copy changed on disk since it was verified; dropping it, "
-                        "to be fetched again", self.source.url, m.paths[shard])
             if exc.identity is not None:
-                self._cache_view().drop_corrupt(digest, exc.identity)
+                self._block_reads().drop(digest, exc.identity, where=f" ({self.source.url}/{m.paths[shard]})")
             raise
         return data
+
+    def _block_reads(self) -> BlockReads:
+        if self._blocks is None:
+            self._blocks = BlockReads(self._cache_layout.complete_path, self._cache_view)
+        return self._blocks
 
     def _verified_reads(self) -> VerifiedReads:
         if self._reads is None:
@@ -498,38 +395,20 @@ class TokenIterator:
         return self._cache
 
     def _ready(self, link: StagingLink, position: int, name: str) -> Path:
-        """The complete cache file at plan ``position`` (fetched urgently if missing), waiting out a
-        cache that is full for a while.
+        """The complete cache file at plan ``position`` (fetched urgently if missing). A full cache is
+        waited out below, by the engine (for up to the retry deadline, woken as room is made), not here.
 
         Raises:
-            CacheFull: the cache stayed full for ``CACHE_FULL_PATIENCE`` seconds.
+            CacheFull: the cache stayed full (names the shard).
             OriginError, CacheError: it cannot be staged (names the shard).
         """
-        began = time.monotonic()
-        pause = 0.02
-        while True:
-            try:
-                path = link.ready(position)
-                break
-            except DiskFull as exc:  # no use waiting: room comes back only when files are deleted
-                if name in str(exc):
-                    raise
-                raise DiskFull(f"{self.source.url}/{name}: cannot be staged: {exc}") from exc
-            except CacheFull as exc:
-                # Room comes back as fetches in flight finish and consumed blobs become evictable;
-                # only a cache that stays full (too small for a shuffle window) is an error.
-                if time.monotonic() - began + pause > CACHE_FULL_PATIENCE:
-                    raise CacheFull(f"{self.source.url}/{name}: the cache stayed full for "
-                                    f"{CACHE_FULL_PATIENCE:.0f} s (is it smaller than two shuffle windows?): "
-                                    f"{exc}") from exc
-                self._stats.cache_full_waits += 1
-                time.sleep(pause)
-                pause = min(pause * 2, 1.0)
-            except (OriginError, CacheError) as exc:
-                if name in str(exc):
-                    raise
-                raise type(exc)(f"{self.source.url}/{name}: cannot be staged: {exc}") from exc
-        return path
+        try:
+            return link.ready(position)
+        except (OriginError, CacheError) as exc:
+            if name in str(exc):
+                raise
+            hint = " (is it smaller than two shuffle windows?)" if type(exc) is CacheFull else ""
+            raise type(exc)(f"{self.source.url}/{name}: cannot be staged{hint}: {exc}") from exc
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -608,5 +487,5 @@ class TokenIterator:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # A copy stages through its own session, and checks files and opens the cache in its own process.
-        state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None, _reads=None, _cache=None)
+        state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None, _reads=None, _cache=None, _blocks=None)
         return state

@@ -7,9 +7,10 @@ step computes) and turns the few calls the iterator makes into blocking
 ones: ``start_plan`` once per epoch, ``ready`` once per shard, ``advance``
 (not waited for) once per shuffle window. Nothing is called per sample.
 
-The session is chosen in one place, :func:`open_session`, which defers to
-``stager.session.open_session``: the node daemon when one serves this cache
-directory, else an engine embedded in this process. Either way the iterator only sees the Session ABC and reads
+The session is chosen by :func:`stager.session.open_session`, the one place
+that chooses: the node daemon when one serves this cache directory, else an
+engine embedded in this process ("daemon" insists on the daemon, "embedded"
+never asks it). Either way the iterator only sees the Session ABC and reads
 verified files from the cache directory itself.
 """
 
@@ -26,30 +27,12 @@ import numpy as np
 
 from ..config import CacheConfig, FetchConfig, SourceConfig
 from ..manifest import Manifest
-from ..session import DatasetHandle, PlanHandle, Session
-from ..session import open_session as choose_session
+from ..session import DatasetHandle, PlanHandle, Session, open_session
 from .loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT = 30.0  # seconds to close the session before giving up on it
-
-
-async def open_session(cache: CacheConfig, fetch: FetchConfig, mode: str = "auto",
-                       socket: str | os.PathLike[str] | None = None) -> Session:
-    """The session this process stages through: the single place it is chosen.
-
-    ``mode`` "auto" asks the node daemon when one serves ``cache.directory``
-    (at ``socket``, default ``STAGER_SOCKET`` or the daemon's default path) and
-    runs an embedded engine otherwise; "daemon" insists on the daemon,
-    "embedded" never asks it. See :func:`stager.session.open_session`.
-
-    Raises:
-        DaemonError: ``mode="daemon"`` and no daemon serves this cache.
-        ConfigError: an unknown mode.
-    """
-    return await asyncio.get_running_loop().run_in_executor(
-        None, functools.partial(choose_session, cache, fetch, socket=socket, mode=mode))
 
 
 class StagingLink:
@@ -75,7 +58,9 @@ class StagingLink:
     @staticmethod
     async def _open(source: SourceConfig, manifest: Manifest, cache: CacheConfig, fetch: FetchConfig,
                     mode: str, socket: str | os.PathLike[str] | None) -> tuple[Session, DatasetHandle]:
-        session = await open_session(cache, fetch, mode, socket)
+        # Blocking (a socket probe, or opening and reconciling the cache): in a thread.
+        session = await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(open_session, cache, fetch, socket=socket, mode=mode))
         try:
             return session, await session.open_dataset(source, manifest)
         except BaseException:

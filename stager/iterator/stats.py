@@ -19,7 +19,6 @@ class IteratorStats:
     cache_hits: int = 0  # shards already staged when first needed
     shards_opened: int = 0
     plans: int = 0  # plans registered (one per epoch or resume)
-    cache_full_waits: int = 0  # times a shard waited for room in a full cache
     corrupt_blobs: int = 0  # cache files whose bytes no longer matched their digest (dropped)
     refetches: int = 0  # shards fetched again after their cache file was found bad or gone
 
@@ -39,7 +38,7 @@ class IteratorStats:
             "cache_hits": self.cache_hits,
             "shards_opened": self.shards_opened,
             "plans": self.plans,
-            "cache_full_waits": self.cache_full_waits,
+            "cache_full_waits": int(session.get("cache_full_waits", 0)),  # the engine waits for room
             "corrupt_blobs": self.corrupt_blobs,
             "refetches": self.refetches,
             "bytes_staged": int(session.get("bytes_fetched", 0)),

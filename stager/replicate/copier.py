@@ -37,7 +37,8 @@ import xxhash
 
 from ..engine.concurrency import ConcurrencyController
 from ..engine.gate import PriorityGate
-from ..errors import CorruptData, OriginChanged, OriginError, ShardNotFound, StagerError, first_error
+from ..errors import (CorruptData, DestinationGone, NotAtDestination, OriginChanged, OriginError, ShardNotFound,
+                      StagerError, UploadLost, first_error)
 from ..store import InvalidRange, RangeSink, Store, UnsupportedOperation, Upload
 from ..store.parts import MAX_PARTS
 from .budget import ByteBudget
@@ -49,18 +50,6 @@ MiB = 1 << 20
 #: S3 refuses parts smaller than this, except the last one.
 MIN_PART_SIZE = 5 * MiB
 DEFAULT_PART_SIZE = 16 * MiB
-
-
-class NotAtDestination(StagerError, FileNotFoundError):
-    """``--finalize`` found an object missing or different at the destination."""
-
-
-class DestinationGone(OriginError):
-    """A write to the destination answered "not found": its bucket or folder is gone. Stops the run."""
-
-
-class UploadLost(OriginError):
-    """A multipart upload vanished before it completed (aborted, expired): that object is copied again next run."""
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import StagerError
+from ..errors import JournalError, StagerError
 
 T = TypeVar("T")
 
@@ -55,10 +55,6 @@ CREATE TABLE IF NOT EXISTS parts (
     PRIMARY KEY (path, number)
 );
 """
-
-
-class JournalError(StagerError, OSError):
-    """The journal database cannot be opened or written (disk full, corrupt file)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,8 +42,9 @@ from ..errors import (
 )
 from ..manifest import MANIFEST_PATH, Manifest, ShardEntry, decode_manifest
 from ..manifest.build import IndexConfig
-from ..store import InvalidRange, ObjectInfo, OriginStats, Store, open_store
+from ..store import InvalidRange, ObjectInfo, OriginStats, Store
 from .budget import ByteBudget
+from .context import open_replication
 from .copier import (
     DEFAULT_PART_SIZE,
     Copier,
@@ -57,7 +58,6 @@ from .journal import Journal
 from .plan import Plan, PlanItem, PlanRules, PlanSummary
 from .shards import Shard
 from .source import keep_reindexed, read_manifest_bytes, reindex_object, source_manifest
-from .state import RunLock, state_dir_for
 from .stats import ReplicateStats
 
 MiB = 1 << 20
@@ -135,19 +135,9 @@ class Replicator:
         cfg = self.config
         began = time.monotonic()
         async with AsyncExitStack() as stack:
-            kwargs = dict(retry=cfg.retry, bandwidth=cfg.bandwidth, concurrency=cfg.concurrency)
-            src_config, dst_config = share_botocore_session(cfg.src, cfg.dst)
-            src = open_store(src_config, stats=self.src_stats, **kwargs)
-            stack.push_async_callback(src.close)
-            dst = open_store(dst_config, stats=self.dst_stats, **kwargs)
-            stack.push_async_callback(dst.close)
+            run = await open_replication(cfg, stack, src_stats=self.src_stats, dst_stats=self.dst_stats)
+            src, dst, state, journal = run.src, run.dst, run.state_dir, run.journal
             self._dst = dst
-            state = state_dir_for(src.url, dst.url, cfg.state_dir)
-            lock = RunLock(state, cfg.shard)
-            stack.callback(lock.release)
-            journal = Journal(state / "journal.sqlite")
-            stack.push_async_callback(journal.close)
-            await journal.open()  # the plan reads it as a file
 
             self.phase = "reading the source manifest"
             source = await source_manifest(src, state, allow_index=cfg.shard.count == 1, index=cfg.index)
@@ -366,27 +356,6 @@ def _dry_note(plan: PlanSummary, cfg: ReplicateConfig) -> str | None:
     if plan.extra_objects and not cfg.delete:
         notes.append(f"{plan.extra_objects} destination-only object(s) are kept (--delete removes them)")
     return "; ".join(notes) or None
-
-
-def share_botocore_session(src: SourceConfig, dst: SourceConfig) -> tuple[SourceConfig, SourceConfig]:
-    """Give two S3 sides one aiobotocore session, so botocore parses its S3 model once, not twice.
-
-    Each side keeps its own client, endpoint and credentials; a side that names a
-    ``profile`` or brings its own ``session`` is left alone.
-    """
-    def s3(config: SourceConfig) -> bool:
-        return (config.url.split("://", 1)[0].lower() in ("s3", "s3a")
-                and not {"session", "profile"} & set(config.storage_options))
-
-    if not (s3(src) and s3(dst)):
-        return src, dst
-    try:
-        from aiobotocore.session import AioSession
-    except ImportError:  # pragma: no cover - s3 extra missing: open_store reports it
-        return src, dst
-    session = AioSession()
-    return (SourceConfig(src.url, {**src.storage_options, "session": session}),
-            SourceConfig(dst.url, {**dst.storage_options, "session": session}))
 
 
 async def _pages(store: Store) -> AsyncIterator[list[ObjectInfo]]:

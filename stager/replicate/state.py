@@ -20,12 +20,8 @@ from pathlib import Path
 import xxhash
 
 from ..config import LEGACY_STATE_ROOT, default_state_root, move_legacy_replicate_state
-from ..errors import StagerError
+from ..errors import ReplicationBusy, StagerError
 from .shards import Shard
-
-
-class ReplicationBusy(StagerError, BlockingIOError):
-    """Another process is running the same replication shard with this state directory."""
 
 
 def state_dir_for(src_url: str, dst_url: str, override: str | os.PathLike[str] | None = None) -> Path:

@@ -48,14 +48,13 @@ from ..config import DEFAULT_BLOCK_SIZE
 from ..errors import ConfigError, CorruptData, ManifestError, ShardNotFound
 from ..manifest import MANIFEST_DIR, Manifest, ShardEntry, save_manifest
 from ..manifest import object_hash
-from ..store import InvalidRange, ObjectInfo, OriginStats, Store, open_store
+from ..store import InvalidRange, ObjectInfo, OriginStats, Store
 from ..store.local_store import TMP_MARKER
 from .budget import ByteBudget
+from .context import open_replication
 from .copier import Copier, part_size_for
-from .journal import Journal
 from .plan import Action, PlanItem
 from .replicator import ReplicateConfig
-from .state import RunLock, state_dir_for
 from .stats import ReplicateStats
 
 DEFAULT_MARKERS = ("_SUCCESS", "COMPLETE", "commit_success.txt", ".metadata")
@@ -230,16 +229,8 @@ async def watch_replicate(
     loop = asyncio.get_running_loop()
     stopped = False
     async with AsyncExitStack() as stack:
-        kwargs = dict(retry=config.retry, bandwidth=config.bandwidth, concurrency=config.concurrency)
-        src = open_store(config.src, stats=OriginStats(), **kwargs)
-        stack.push_async_callback(src.close)
-        dst = open_store(config.dst, stats=OriginStats(), **kwargs)
-        stack.push_async_callback(dst.close)
-        state_dir = state_dir_for(src.url, dst.url, config.state_dir)
-        lock = RunLock(state_dir, config.shard)
-        stack.callback(lock.release)
-        journal = Journal(state_dir / "journal.sqlite")
-        stack.push_async_callback(journal.close)
+        run = await open_replication(config, stack, src_stats=OriginStats(), dst_stats=OriginStats())
+        src, dst, state_dir, journal = run.src, run.dst, run.state_dir, run.journal
         state = WatchState(state_dir / "watch.sqlite")
         stack.push_async_callback(state.close)
         budget = ByteBudget(max(config.buffer, part_size_for(0, watch.block_size, config.part_size)))

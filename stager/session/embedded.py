@@ -25,6 +25,9 @@ class EmbeddedPlan(PlanHandle):
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
 
+    def __len__(self) -> int:
+        return len(self.plan.order)
+
     async def ready(self, position: int) -> Path:
         return await self.plan.ready(position)
 

@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable, Mapping
 
-from ..errors import OriginError, ShardNotFound
+from ..errors import InvalidPath, InvalidRange, OriginError, ShardNotFound, UnsupportedOperation
 from ..paths import BAD_PATH_PROBLEM, is_safe_path
 
 #: ``check(data)`` verifies a body before it is returned; it raises
@@ -75,18 +75,6 @@ async def _to_the_end(awaitable: Awaitable[None]) -> None:
 
 async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:
     yield data
-
-
-class InvalidPath(OriginError, ValueError):
-    """A path given to a store is empty, absolute, or climbs out of the root (``..``)."""
-
-
-class InvalidRange(OriginError, ValueError):
-    """A byte range is negative, reversed, or reaches past the end of the object. Never retried."""
-
-
-class UnsupportedOperation(OriginError):
-    """The origin cannot do this at all (listing an HTTP server, writing to it)."""
 
 
 @dataclass(frozen=True, slots=True)

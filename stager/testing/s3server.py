@@ -10,9 +10,13 @@ must be the one listening on the port.
 
 Flags that matter (checked against rclone 1.75):
 
-* ``--dir-cache-time 0s``: without it rclone caches directory listings for 5
+* ``--dir-cache-time 1ms``: without it rclone caches directory listings for 5
   minutes, so files and bucket folders written straight to ``root`` on disk
-  after start are invisible (404 / NoSuchBucket). With it they show up at once.
+  after start are invisible (404 / NoSuchBucket). With 1ms they show up at
+  once. Not ``0s``: with it rclone spends CPU growing without bound on every
+  bucket and PUT ("forgetting directory cache" in loops: 12 buckets of 3
+  objects took 22 s of CPU, and the server then kept a quarter of a core busy
+  while idle), which a server shared by a whole test session pays in full.
 * ``--etag-hash MD5`` (default): the ETag is the MD5 of the file, computed by
   reading the whole file on each HEAD/listing (about 1.7 s for 300 MB). Pass
   ``etag_hash=""`` for big benchmark data: the ETag is then ``""``.
@@ -48,6 +52,7 @@ from urllib.parse import quote
 
 import psutil
 
+from ..errors import S3ServerError
 from ..store import sigv4
 
 REGION = "us-east-1"
@@ -58,10 +63,6 @@ _STOP_TIMEOUT_S = 5.0
 #: on a shared, busy test machine a directory operation can wait on the disk
 #: for many seconds, so this bound is generous; it only catches a dead server.
 _ADMIN_TIMEOUT_S = 60.0
-
-
-class S3ServerError(RuntimeError):
-    """The rclone S3 server could not be started or refused an admin request."""
 
 
 def rclone_binary() -> str:
@@ -190,7 +191,7 @@ class S3Server:
             f"{self.access_key},{self.secret_key}",
             *(arg for key, secret in self.extra_keys for arg in ("--auth-key", f"{key},{secret}")),
             "--dir-cache-time",
-            "0s",
+            "1ms",
             "--poll-interval",
             "0",
             "--vfs-cache-mode",

@@ -19,7 +19,7 @@ import pytest
 from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig
 from stager.errors import CacheCorrupt
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 from tests.cli.runner import run, start
 from tests.engine.corpus import BLOCK, assert_cache_matches, make_corpus
 

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from stager.testing.fault_plan import FaultPlan
-from stager.testing.fault_proxy import FaultProxy
+from stager.loopback.fault_plan import FaultPlan
+from stager.loopback.fault_proxy import FaultProxy
 from stager.testing.s3server import S3Server
-from tests.replicate.conftest import RCLONE_ARGS
 
 
 @dataclass
@@ -46,7 +45,7 @@ class Side:
 
 
 def _side(s3_server_factory, fault_proxy, bucket: str) -> Side:
-    server = s3_server_factory(extra_args=RCLONE_ARGS)
+    server = s3_server_factory()
     server.make_bucket(bucket)
     proxy = fault_proxy(server, FaultPlan(methods=("GET", "PUT", "POST", "HEAD")))
     return Side(server, proxy, bucket)

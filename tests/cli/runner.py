@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import subprocess
 import sys
@@ -35,15 +37,36 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
         assert fragment in lines[0], lines[0]
 
 
-def run_here(args: Sequence[str], capsys) -> subprocess.CompletedProcess:
-    """Run the command in this process (faster than a subprocess; same code path from argv to exit)."""
+def run_here(args: Sequence[str], capsys, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the command in this process (faster than a subprocess; same code path from argv to exit).
+
+    ``env`` is set for the call only. Log records go to stderr as the command's own would (pytest's
+    handlers make the command's ``basicConfig`` a no-op here), so stderr holds what a user sees; the
+    collector settings ``main`` changes for a one-shot process are put back.
+    """
     from stager.cli import main
 
     capsys.readouterr()
+    saved_env = {name: os.environ.get(name) for name in (env or {})}
+    os.environ.update(env or {})
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    threshold = gc.get_threshold()
     code = 0
     try:
         main(list(args))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        logging.getLogger().removeHandler(handler)
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     captured = capsys.readouterr()
     return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)

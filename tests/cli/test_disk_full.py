@@ -17,7 +17,7 @@ import pytest
 
 from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 from tests.cache.small_disk import fill_disk, free_bytes, mounted_tmpfs
 from tests.engine.corpus import assert_cache_matches, make_corpus
 

@@ -15,7 +15,7 @@ import pytest
 from stager.manifest import MANIFEST_PATH, read_manifest_file
 from stager.manifest.seal import seal
 from stager.write import encode_shard
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 
 from .runner import assert_one_line_error, run, run_here, start
 

@@ -10,7 +10,7 @@ import pytest
 
 from stager.errors import AccessDenied, OriginUnavailable, first_error, group_message
 from stager.manifest import MANIFEST_PATH
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 from tests.engine.corpus import make_corpus
 
 from .runner import assert_one_line_error, run, run_here

@@ -14,7 +14,7 @@ from stager.config import CacheConfig, FetchConfig
 from stager.manifest import MANIFEST_PATH
 from tests.cache.blobs import resident_pages
 from tests.engine.corpus import assert_cache_matches, make_corpus
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 
 from .runner import assert_one_line_error, run, start
 

@@ -14,7 +14,7 @@ import pytest
 
 from stager.config import CacheConfig, FetchConfig, RetryConfig
 from stager.daemon import Daemon, DaemonConfig
-from stager.daemon.protocol import CONSUMER_KEY_HEADER
+from stager.daemon_client.protocol import CONSUMER_KEY_HEADER
 from stager.session import RemoteSession
 from stager.testing import FaultProxy
 from tests.daemon.support import Corpus, make_corpus, remove_dir, short_dir

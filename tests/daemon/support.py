@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from stager.daemon import probe
+from stager.daemon_client import probe
 from stager.hashing import blob_digest
 from stager.manifest import MANIFEST_PATH, Manifest
 from stager.write import generate_corpus

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from stager.config import FetchConfig, RetryConfig, SourceConfig
-from stager.daemon import DaemonUnavailable, manifest_fingerprint
-from stager.daemon.client import DaemonClient
-from stager.daemon.protocol import CONSUMER_KEY_HEADER
-from stager.errors import ManifestError, OriginUnavailable, ShardNotFound
+from stager.daemon_client import manifest_fingerprint
+from stager.daemon_client.client import DaemonClient
+from stager.daemon_client.protocol import CONSUMER_KEY_HEADER
+from stager.errors import DaemonUnavailable, ManifestError, OriginUnavailable, ShardNotFound
 from tests.daemon.node import CONSUMER_KEY
 
 PLAN = "/v1/consumers/c1/plans/p1"
@@ -166,7 +166,7 @@ async def test_readiness_is_a_long_poll_not_a_busy_loop(node):
         (node.corpus.root / node.corpus.manifest.paths[4]).read_bytes()
     assert waited >= 1.0
     # One poll per 0.25 s at most: a busy loop would have made hundreds.
-    assert 2 <= session.polls <= waited / 0.25 + 2
+    assert 2 <= session.daemon.polls <= waited / 0.25 + 2
     sample = daemon.metrics.registry.get_sample_value
     assert sample("stager_ready_requests_total", {"result": "pending"}) >= 2
     # It had to be waited for, although the last poll found it complete: a miss.

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stager.daemon.config import DaemonConfig, default_socket_path, parse_address
+from stager.daemon.config import DaemonConfig, parse_address
 from stager.daemon.listener import SocketOwner, answers
+from stager.daemon_client import default_socket_path
 from stager.errors import ConfigError, DaemonError
 from tests.daemon.support import remove_dir, short_dir
 

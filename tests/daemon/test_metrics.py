@@ -93,7 +93,7 @@ async def test_metrics_count_what_happened(node):
     assert served == len(m)
     assert value(after, "stager_served_bytes_total", outcome="hit") + \
         value(after, "stager_served_bytes_total", outcome="miss") == m.total_bytes
-    assert value(after, "stager_ready_wait_seconds_count") == session.polls
+    assert value(after, "stager_ready_wait_seconds_count") == session.daemon.polls
     assert value(after, "stager_consumer_wait_seconds_total") > 0
     assert value(after, "stager_cache_capacity_bytes") == node.capacity
     assert value(after, "stager_cache_used_bytes") >= m.total_bytes

@@ -12,7 +12,7 @@ import pytest
 from stager.cache import CacheTier
 from stager.config import CacheConfig, FetchConfig, SourceConfig
 from stager.daemon.plans import PlanRegistry, identify
-from stager.daemon.protocol import UnknownPlan
+from stager.daemon_client.protocol import UnknownPlan
 from stager.engine import Engine
 
 

@@ -22,8 +22,9 @@ import pytest
 
 from stager import errors as stager_errors
 from stager.config import CacheConfig, FetchConfig, SourceConfig
-from stager.daemon import Daemon, DaemonConfig, manifest_fingerprint
-from stager.daemon.protocol import CONSUMER_KEY_HEADER
+from stager.daemon import Daemon, DaemonConfig
+from stager.daemon_client import manifest_fingerprint
+from stager.daemon_client.protocol import CONSUMER_KEY_HEADER
 from stager.errors import AccessDenied
 from stager.hashing import blob_digest
 from stager.session import RemoteSession
@@ -138,7 +139,7 @@ async def test_consumers_without_keys_that_read_the_dataset_are_refused(site, ca
                 assert answer["error"]["type"] in stager_errors.__all__, answer
             status, answer = await site.raw("GET", "/v1/consumers/mallory/plans/p0/ready?position=0&timeout=1")
             assert (status, answer["error"]["type"]) == (404, "UnknownPlan"), what
-        assert site.daemon.registry.get(session.consumer_id, session._consumer_key, plan.id)
+        assert site.daemon.registry.get(session.consumer_id, session.daemon._consumer_key, plan.id)
         assert [r.consumer for r in site.daemon.registry.plans()] == [session.consumer_id]
         # Nothing was fetched for them: no shard beyond what A's own plan prefetches.
         cached = {d for d in (site.corpus.manifest.digest(i) for i in range(6))

@@ -20,7 +20,7 @@ import pytest
 
 from stager.cache import CacheTier
 from stager.config import CacheConfig
-from stager.daemon import probe
+from stager.daemon_client import probe
 from stager.testing import FaultPlan
 from tests.daemon.support import (REPO, ConsumerProcess, DaemonProcess, assert_stream, make_corpus, remove_dir,
                                   short_dir, wait_until)

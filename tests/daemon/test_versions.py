@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from stager.config import SourceConfig
-from stager.daemon import ManifestVersionGone, manifest_fingerprint
+from stager.daemon_client import manifest_fingerprint
+from stager.errors import ManifestVersionGone
 from stager.hashing import blob_digest
 from stager.manifest import Manifest, save_manifest
 from stager.manifest.build import IndexConfig, build_manifest

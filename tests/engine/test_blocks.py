@@ -18,7 +18,7 @@ from stager.engine import Engine
 from stager.engine.fetcher import IDLE_RELEASE
 from stager.errors import CacheError, OriginUnavailable
 from stager.session import EmbeddedSession
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 
 from .corpus import BLOCK, make_corpus
 

@@ -14,7 +14,7 @@ from stager.cache import CacheTier
 from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from stager.engine import Engine, PriorityGate
 from stager.engine.concurrency import INITIAL, ConcurrencyController, memory_ceiling
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 
 from .corpus import BLOCK, assert_cache_matches, make_corpus
 

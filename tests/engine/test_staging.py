@@ -13,7 +13,7 @@ from stager.cache.direct import ALIGN, open_direct
 from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from stager.engine import Engine
 from stager.errors import AccessDenied, OriginChanged, OriginUnavailable, ShardNotFound
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 from stager.write import generate_corpus
 
 from ..cache.blobs import resident_pages

@@ -26,7 +26,7 @@ from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig, SourceConfig
 from stager.manifest import Manifest, ShardEntry, save_manifest
 from stager.store import open_store
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 
 from .dataset import BLOCK, make_dataset
 from .mounts import STAGER, alive, wait_until

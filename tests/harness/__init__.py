@@ -15,9 +15,9 @@ them too); the modules here re-export them under their old names.
 * fixtures.py exposes all of it to pytest (loaded from tests/conftest.py).
 """
 
-from stager.testing.fault_plan import Fault, FaultPlan
-from stager.testing.fault_proxy import FaultProxy, ProxyStats
-from stager.testing.http_origin import HttpOrigin
+from stager.loopback.fault_plan import Fault, FaultPlan
+from stager.loopback.fault_proxy import FaultProxy, ProxyStats
+from stager.loopback.http_origin import HttpOrigin
 from stager.testing.s3server import S3Bucket, S3Server
 
 __all__ = ["Fault", "FaultPlan", "FaultProxy", "HttpOrigin", "ProxyStats", "S3Bucket", "S3Server"]

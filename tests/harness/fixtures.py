@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from stager.testing.fault_plan import FaultPlan
-from stager.testing.fault_proxy import FaultProxy
-from stager.testing.http_origin import HttpOrigin
+from stager.loopback.fault_plan import FaultPlan
+from stager.loopback.fault_proxy import FaultProxy
+from stager.loopback.http_origin import HttpOrigin
 from stager.testing.s3server import S3Bucket, S3Server
 
 _bucket_numbers = itertools.count()

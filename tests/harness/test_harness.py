@@ -31,9 +31,9 @@ import s3fs
 
 from stager.store import sigv4
 from stager.testing import s3server
-from stager.testing.fault_plan import FaultPlan
-from stager.testing.fault_proxy import FaultProxy
-from stager.testing.http_origin import HttpOrigin, parse_range
+from stager.loopback.fault_plan import FaultPlan
+from stager.loopback.fault_proxy import FaultProxy
+from stager.loopback.http_origin import HttpOrigin, parse_range
 from stager.testing.s3server import S3Server
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from stager.testing import PROFILES, FaultPlan, object_store_plan
-from stager.testing.http_origin import HttpOrigin
-from stager.testing.rate_limit import PrefixRateLimiter, prefix_of
+from stager.loopback.http_origin import HttpOrigin
+from stager.loopback.rate_limit import PrefixRateLimiter, prefix_of
 
 from .test_harness import fetch
 

@@ -21,7 +21,7 @@ import pytest
 from stager.cache import CacheTier
 from stager.config import CacheConfig
 from stager.manifest import MANIFEST_PATH
-from stager.testing.fault_plan import Fault, FaultPlan
+from stager.loopback.fault_plan import Fault, FaultPlan
 from tests.cli.runner import run
 from tests.iterator.corpus import expected_firsts, write_counting_corpus
 

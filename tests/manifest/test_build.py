@@ -9,7 +9,7 @@ import pytest
 from stager.config import RetryConfig, SourceConfig
 from stager.manifest.build import IndexConfig, build_manifest
 from stager.store import open_store
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 
 KiB = 1 << 10
 #: 30% of GET bodies with one flipped byte, 5% cut short (half truncated, half reset).

@@ -13,7 +13,7 @@ from stager.config import RetryConfig, SourceConfig
 from stager.errors import ManifestError
 from stager.manifest import MANIFEST_PATH, load_manifest, load_manifest_data, read_manifest_file
 from stager.store import open_store
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 from tests.iterator.corpus import write_counting_corpus
 
 from .test_seal import flipped, legacy_bytes, spread_offsets

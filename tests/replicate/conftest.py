@@ -31,17 +31,11 @@ class Cluster:
         return SourceConfig(self.url(prefix), self.options(endpoint))
 
 
-#: rclone 1.75 with ``--dir-cache-time 0s`` (the harness default) spends CPU growing without
-#: bound on every PUT ("forgetting directory cache" in loops: 2.3 s of CPU by the fifth PUT into
-#: one folder). 1ms keeps files written straight to disk visible at once without that.
-RCLONE_ARGS = ("--dir-cache-time", "1ms")
-
-
 @pytest.fixture
 def clusters(s3_server_factory):
     """(source, destination): two servers whose keys differ, so each side needs its own options."""
-    a = Cluster(s3_server_factory(extra_args=RCLONE_ARGS), "alpha")
-    b = Cluster(s3_server_factory(extra_args=RCLONE_ARGS), "beta")
+    a = Cluster(s3_server_factory(), "alpha")
+    b = Cluster(s3_server_factory(), "beta")
     assert a.server.access_key != b.server.access_key
     a.server.make_bucket(a.bucket)
     b.server.make_bucket(b.bucket)

@@ -13,7 +13,7 @@ from stager.manifest import MANIFEST_PATH, Manifest, decode_manifest, encode_man
 from stager.manifest.build import IndexConfig, build_manifest
 from stager.replicate import Replicator
 from stager.store import open_store
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 
 from .dataset import mixed_files
 from .test_replicator import config

@@ -7,7 +7,7 @@ import random
 import signal
 import time
 
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 from tests.cli.runner import run, start
 
 from .dataset import MiB, assert_replica, flags, mixed_files, write_dataset

@@ -11,7 +11,7 @@ from stager.errors import ManifestError, OriginUnavailable
 from stager.manifest import MANIFEST_PATH
 from stager.replicate import ReplicateConfig, Replicator, Shard
 from stager.store import open_store
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 
 from .dataset import (
     FAST_RETRY,

@@ -15,7 +15,7 @@ import pytest
 
 from stager.cache import CacheTier
 from stager.config import CacheConfig, FetchConfig, SourceConfig
-from stager.daemon import DaemonUnavailable
+from stager.errors import DaemonUnavailable
 from stager.errors import ConfigError, DaemonError, ManifestError
 from stager.session import EmbeddedSession, RemoteSession, open_session
 from tests.daemon.node import corpus, node  # noqa: F401  (fixtures)
@@ -113,7 +113,7 @@ async def test_a_consumer_dropped_for_silence_registers_again_on_its_next_call(n
     assert daemon.registry.consumers == [], "the reaper dropped the silent consumer"
     assert (await plan.ready(0)).read_bytes() == _original(node, 3)
     await plan.advance(1)  # the daemon no longer knows the plan: it is registered again, at the cursor
-    assert session.reregistrations == 1
+    assert session.daemon.reregistrations == 1
     (registered,) = daemon.registry.plans()
     assert registered.plan.cursor == 1
 
@@ -215,7 +215,7 @@ async def test_advances_in_a_burst_are_folded_into_few_requests(node):
     session = node.session()
     dataset = await session.open_dataset(SourceConfig(node.proxy.url))
     plan = await session.plan(dataset, [i % 8 for i in range(200)])
-    client = session._client()
+    client = session.daemon.client()
     sent = []
     request = client.request
 

@@ -16,7 +16,7 @@ import xxhash
 
 from stager.config import RetryConfig
 from stager.errors import CorruptData, OriginUnavailable, ShardNotFound
-from stager.testing.fault_plan import FaultPlan
+from stager.loopback.fault_plan import FaultPlan
 
 from .origins import Origin, make_origin
 

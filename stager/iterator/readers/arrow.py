@@ -13,15 +13,13 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import CorruptData
-from .base import ShardReader, Source, as_buffer, check_tokens
+from .base import ColumnReader, Source, as_buffer, check_tokens
 from .parquet import joined
 
 
-class ArrowReader(ShardReader):
+class ArrowReader(ColumnReader):
     suffixes = (".arrow",)
-
-    def __init__(self, column: str = "input_ids") -> None:
-        self.column = column
+    default_column = "input_ids"
 
     def open(self, source: Source, name: str, dtype: str | None, tokens: int) -> np.ndarray:
         try:

@@ -67,6 +67,16 @@ class ShardReader(abc.ABC):
         """
 
 
+class ColumnReader(ShardReader):
+    """A reader of formats that keep tokens in a named column (Parquet, Arrow, MDS); which one is set per
+    dataset, else the format's own usual name (:attr:`default_column`)."""
+
+    default_column = "tokens"
+
+    def __init__(self, column: str | None = None) -> None:
+        self.column = column or self.default_column
+
+
 def check_tokens(array: np.ndarray, name: str, dtype: str | None, tokens: int) -> np.ndarray:
     """``array`` if it is 1-D with the manifest's count (and dtype, when one is recorded)."""
     if array.ndim != 1:
@@ -78,4 +88,4 @@ def check_tokens(array: np.ndarray, name: str, dtype: str | None, tokens: int) -
     return array
 
 
-__all__ = ["ShardReader", "Source", "as_buffer", "check_tokens", "map_file", "prefer_large_pages"]
+__all__ = ["ColumnReader", "ShardReader", "Source", "as_buffer", "check_tokens", "map_file", "prefer_large_pages"]

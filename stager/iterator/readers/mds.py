@@ -16,14 +16,11 @@ import numpy as np
 
 from ...errors import CorruptData, ManifestError
 from ...manifest.layouts.mds import TokenColumn, shard_slices
-from .base import ShardReader, Source, as_buffer, check_tokens
+from .base import ColumnReader, Source, as_buffer, check_tokens
 
 
-class MdsReader(ShardReader):
+class MdsReader(ColumnReader):
     suffixes = (".mds",)
-
-    def __init__(self, column: str = "tokens") -> None:
-        self.column = column
 
     def open(self, source: Source, name: str, dtype: str | None, tokens: int) -> np.ndarray:
         if dtype is None:

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from ...errors import CorruptData
 from ...manifest.layouts.columns import flat_values
-from .base import ShardReader, Source, as_buffer, check_tokens
+from .base import ColumnReader, Source, as_buffer, check_tokens
 
 
 def joined(chunks, name: str, column: str, dtype: str | None) -> np.ndarray:
@@ -27,11 +27,8 @@ def joined(chunks, name: str, column: str, dtype: str | None) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-class ParquetReader(ShardReader):
+class ParquetReader(ColumnReader):
     suffixes = (".parquet",)
-
-    def __init__(self, column: str = "tokens") -> None:
-        self.column = column
 
     def open(self, source: Source, name: str, dtype: str | None, tokens: int) -> np.ndarray:
         try:

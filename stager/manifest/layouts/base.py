@@ -15,6 +15,7 @@ import abc
 import json
 import posixpath
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ...errors import ManifestError
 
@@ -68,6 +69,52 @@ class DatasetLayout(abc.ABC):
         Raises:
             ManifestError: the file disagrees with the layout's index (names the file).
         """
+
+
+_Indexed = TypeVar("_Indexed", bound="IndexedLayout")
+
+
+class IndexedLayout(DatasetLayout):
+    """A layout whose ``index.json`` files list its data files (LitData, MDS): each listed file is read
+    by a probe made from its index entry while it is hashed, and described by what the probe found.
+
+    ``entries`` maps a data file's path to (its ``index.json``'s path, its entry there, what else the
+    layout's probe needs); subclasses say how a probe is made (:meth:`make_probe`).
+    """
+
+    title: str = ""  # the layout's name in messages ("MDS")
+
+    def __init__(self, root: str, entries: dict[str, tuple[str, dict, object]]) -> None:
+        self.root = root
+        self.entries = entries
+
+    @classmethod
+    def found(cls: type[_Indexed], root: str, entries: dict, required: bool) -> _Indexed | None:
+        """The layout of the files its indexes list under ``root``; None if there are none.
+
+        Raises:
+            ManifestError: none, and the layout was asked for (``--format``).
+        """
+        if not entries:
+            if required:
+                raise ManifestError(f"{root}: --format {cls.name}, but there is no {cls.title} index.json")
+            return None
+        return cls(root, entries)
+
+    def claims(self, path: str) -> bool:
+        return path in self.entries
+
+    def probe(self, path: str, size: int) -> Probe | None:
+        index, entry, extra = self.entries[path]
+        return self.make_probe(f"{self.root}/{path}", f"{self.root}/{index}", entry, extra)
+
+    @abc.abstractmethod
+    def make_probe(self, name: str, index_name: str, entry: dict, extra: object) -> Probe:
+        """The probe of one listed data file (``name``) from its entry in ``index_name``."""
+
+    async def describe(self, path: str, size: int, probe: Probe | None) -> TokenInfo:
+        assert probe is not None
+        return probe.finish()
 
 
 def read_index_json(name: str, data: bytes, sizes: dict[str, int], folder: str, data_files) -> object | None:

@@ -24,7 +24,7 @@ import struct
 import numpy as np
 
 from ...errors import ManifestError
-from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo, read_index_json
+from .base import NOT_TOKENS, IndexedLayout, Probe, TokenInfo, read_index_json
 
 #: litdata.constants._TORCH_DTYPES_MAPPING, the integer entries.
 TORCH_DTYPES = {11: "uint8", 12: "int8", 13: "int16", 14: "int16", 15: "int32", 16: "int32", 17: "int64",
@@ -80,26 +80,14 @@ class ChunkProbe(Probe):
         return TokenInfo(self.dtype, dim, "litdata")
 
 
-class LitDataLayout(DatasetLayout):
+class LitDataLayout(IndexedLayout):
     """The chunks listed by each LitData ``index.json`` of a listing."""
 
     name = "litdata"
+    title = "LitData"
 
-    def __init__(self, root: str, chunks: dict[str, tuple[str, dict, str]]) -> None:
-        self.root = root
-        self.chunks = chunks  # chunk path -> (index.json path, its entry, dtype)
-
-    def claims(self, path: str) -> bool:
-        return path in self.chunks
-
-    def probe(self, path: str, size: int) -> Probe | None:
-        index, chunk, dtype = self.chunks[path]
-        return ChunkProbe(f"{self.root}/{path}", f"{self.root}/{index}", chunk, dtype)
-
-    async def describe(self, path: str, size: int, probe: Probe | None) -> TokenInfo:
-        assert probe is not None
-        return probe.finish()
-
+    def make_probe(self, name: str, index_name: str, entry: dict, extra: object) -> Probe:
+        return ChunkProbe(name, index_name, entry, str(extra))  # extra: the chunk's dtype
 
 def parse_index(name: str, data: bytes, sizes: dict[str, int], folder: str) -> dict | None:
     """A LitData ``index.json``'s content, or None when it is another layout's (MDS has one too)."""
@@ -140,8 +128,4 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
                 chunks[path] = (index, chunk, dtype)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{name}: not a LitData index (missing or bad {exc})") from exc
-    if not chunks:
-        if required:
-            raise ManifestError(f"{root}: --format litdata, but there is no LitData index.json")
-        return None
-    return LitDataLayout(root, chunks)
+    return LitDataLayout.found(root, chunks, required)

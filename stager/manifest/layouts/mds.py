@@ -29,7 +29,7 @@ import numpy as np
 import xxhash
 
 from ...errors import ManifestError
-from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo, read_index_json
+from .base import NOT_TOKENS, IndexedLayout, Probe, TokenInfo, read_index_json
 from .columns import candidates
 
 INTEGER_DTYPES = frozenset({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"})
@@ -184,25 +184,15 @@ class ShardProbe(Probe):
         return TokenInfo(self.column.dtype, self.tokens, "mds", self.column.column)
 
 
-class MdsLayout(DatasetLayout):
+class MdsLayout(IndexedLayout):
     """The shards listed by each MDS ``index.json`` of a listing."""
 
     name = "mds"
+    title = "MDS"
 
-    def __init__(self, root: str, shards: dict[str, tuple[str, dict, TokenColumn]]) -> None:
-        self.root, self.shards = root, shards
-
-    def claims(self, path: str) -> bool:
-        return path in self.shards
-
-    def probe(self, path: str, size: int) -> Probe | None:
-        index, shard, column = self.shards[path]
-        return ShardProbe(f"{self.root}/{path}", f"{self.root}/{index}", shard, column)
-
-    async def describe(self, path: str, size: int, probe: Probe | None) -> TokenInfo:
-        assert probe is not None
-        return probe.finish()
-
+    def make_probe(self, name: str, index_name: str, entry: dict, extra: object) -> Probe:
+        assert isinstance(extra, TokenColumn)
+        return ShardProbe(name, index_name, entry, extra)
 
 async def find(store, sizes: dict[str, int], column: str | None, required: bool) -> MdsLayout | None:
     """The MDS datasets of a listing (path -> size), each ``index.json`` checked against the files.
@@ -240,8 +230,4 @@ async def find(store, sizes: dict[str, int], column: str | None, required: bool)
             if isinstance(exc, ManifestError):
                 raise
             raise ManifestError(f"{name}: not an MDS index (missing or bad {exc})") from exc
-    if not shards:
-        if required:
-            raise ManifestError(f"{root}: --format mds, but there is no MDS index.json")
-        return None
-    return MdsLayout(root, shards)
+    return MdsLayout.found(root, shards, required)

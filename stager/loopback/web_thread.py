@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 T = TypeVar("T")
+_S = TypeVar("_S", bound="ServedApp")
 
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 10.0
@@ -175,3 +176,36 @@ class ThreadedWebServer:
         self._thread.join(_STOP_TIMEOUT_S)
         if self._thread.is_alive():
             raise RuntimeError(f"{self._thread.name} did not stop in {_STOP_TIMEOUT_S}s")
+
+
+class ServedApp:
+    """A server of this package (the HTTP origin, the fault proxy): its app on a :class:`ThreadedWebServer`,
+    its address, and stopping it (also at the end of a ``with`` block)."""
+
+    _server: ThreadedWebServer
+
+    def _start_serving(self, app: web.Application, name: str) -> None:
+        self._server = ThreadedWebServer(app, name=name)
+
+    @property
+    def url(self) -> str:
+        return self._server.url
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    @property
+    def running(self) -> bool:
+        """Whether the server thread is alive."""
+        return self._server.alive
+
+    def stop(self) -> None:
+        """Stop serving and join the thread (idempotent)."""
+        self._server.stop()
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -8,7 +8,7 @@ opens itself.
 Errors travel as ``{"error": {"type": NAME, "message": TEXT}}``. ``NAME`` is
 the class name of a :class:`~stager.errors.StagerError` (``ShardNotFound``,
 ``OriginUnavailable``, ``CacheFull``, ...), which the client raises again as
-the same class, or one of the daemon's own below. The status code says who
+the same class (the daemon's own, ``UnknownPlan`` and the rest, are there too). The status code says who
 is at fault (4xx the request, 502 the origin, 507 the cache, 503 a daemon that
 is stopping) but clients decide by ``type``.
 
@@ -34,7 +34,8 @@ import numpy as np
 import xxhash
 
 from .. import errors as _errors
-from ..errors import DaemonError, StagerError
+from ..errors import (ConsumerKeyMismatch, DaemonError, DaemonRequestError, DaemonUnavailable, ManifestVersionGone,
+                      StagerError, UnknownPlan)
 from ..manifest import Manifest
 
 API = "/v1"
@@ -44,32 +45,6 @@ CONSUMER_KEY_HEADER = "X-Stager-Consumer-Key"
 
 #: A readiness answer that says "not yet, ask again".
 PENDING = 202
-
-
-class DaemonUnavailable(DaemonError):
-    """Nobody answers on the socket, the connection broke, or the daemon is stopping."""
-
-
-class DaemonRequestError(DaemonError, ValueError):
-    """The daemon answered and refused the request as invalid (HTTP 4xx)."""
-
-
-class UnknownPlan(DaemonRequestError, LookupError):
-    """The daemon holds no such plan (it restarted, or the consumer's lease expired): register it again."""
-
-
-class ConsumerKeyMismatch(DaemonRequestError, PermissionError):
-    """The request does not carry the key of the consumer it names (another process's plans)."""
-
-
-class ManifestVersionGone(DaemonRequestError, _errors.ManifestError):
-    """The consumer's manifest is neither the origin's current one nor a version the daemon still holds."""
-
-
-_DAEMON_ERRORS: dict[str, type[StagerError]] = {
-    cls.__name__: cls for cls in (DaemonUnavailable, DaemonRequestError, UnknownPlan, ConsumerKeyMismatch,
-                                  ManifestVersionGone)
-}
 
 
 def error_status(exc: BaseException) -> int:
@@ -106,10 +81,8 @@ def error_from_body(status: int, body: Any, where: str) -> StagerError:
     if not isinstance(error, dict):
         return DaemonError(f"daemon at {where}: HTTP {status} without an error description")
     name, message = str(error.get("type", "")), str(error.get("message", ""))
-    cls = _DAEMON_ERRORS.get(name)
-    if cls is None:
-        candidate = getattr(_errors, name, None) if name in _errors.__all__ else None
-        cls = candidate if isinstance(candidate, type) and issubclass(candidate, StagerError) else None
+    candidate = getattr(_errors, name, None) if name in _errors.__all__ else None
+    cls = candidate if isinstance(candidate, type) and issubclass(candidate, StagerError) else None
     if cls is None:
         return DaemonError(f"daemon at {where}: {message or f'HTTP {status}'}")
     return cls(message)

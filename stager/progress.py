@@ -1,4 +1,4 @@
-"""Progress for the commands, and running a coroutine on uvloop.
+"""Progress of a long command (stage, index, replicate, the demo): a bar on a terminal, lines in a log.
 
 On a terminal, progress is a rich bar (bytes, rate, ETA). Anywhere else (a
 batch job's log, a pipe) a bar is noise: a plain line is written every
@@ -8,17 +8,14 @@ batch job's log, a pipe) a bar is noise: a plain line is written every
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import sys
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Coroutine, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-T = TypeVar("T")
 
 #: Seconds between two progress lines when stderr is not a terminal.
 LINE_INTERVAL = 10.0
@@ -124,13 +121,3 @@ def byte_progress(label: str) -> Iterator[ByteProgress]:
     with progress:
         yield _BarProgress(label, progress)
 
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on uvloop (asyncio's loop where uvloop is missing)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
-        return asyncio.run(coro)
-    if sys.version_info >= (3, 12):
-        return asyncio.run(coro, loop_factory=uvloop.new_event_loop)
-    return uvloop.run(coro)

@@ -3,22 +3,26 @@
 :class:`DaemonClient` sends one request and returns the status and JSON
 body; anything that means "nobody is there" (no socket file, connection
 refused or reset, a daemon answering 503 because it is stopping, a timeout)
-becomes :class:`~stager.daemon.protocol.DaemonUnavailable`, which callers
+becomes :class:`~stager.errors.DaemonUnavailable`, which callers
 treat as a reason to reconnect or fall back, never as a failed read. Other
 errors come back as the :class:`~stager.errors.StagerError` the daemon named.
 
 :func:`probe` asks ``/healthz`` with a blocking socket and a short timeout,
-so that choosing between the daemon and an embedded engine needs no event loop.
+so that choosing between the daemon and an embedded engine needs no event loop;
+:func:`same_cache` tells from its answer whether the daemon serves a given
+cache directory.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .protocol import DaemonUnavailable, error_from_body
+from ..errors import DaemonUnavailable
+from .protocol import error_from_body
 
 if TYPE_CHECKING:
     import aiohttp
@@ -116,4 +120,13 @@ def probe(socket_path: str | Path, timeout: float = 2.0) -> dict[str, Any] | Non
     return answer if isinstance(answer, dict) and answer.get("status") == "ok" else None
 
 
-__all__ = ["DaemonClient", "probe"]
+def same_cache(health: dict[str, Any], directory: Path) -> bool:
+    """Whether the daemon's cache (by device and inode, so symlinks and bind mounts agree) is ``directory``."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    return (health.get("cache_dev"), health.get("cache_ino")) == (st.st_dev, st.st_ino)
+
+
+__all__ = ["DaemonClient", "probe", "same_cache"]

@@ -52,7 +52,7 @@ from ..store import sigv4
 from .bandwidth import BandwidthLimiter, TransferShaper
 from .fault_plan import Decision, Fault, FaultDecider, FaultEvent, FaultPlan
 from .rate_limit import PrefixRateLimiter
-from .web_thread import ThreadedWebServer, abort_with_rst
+from .web_thread import ServedApp, abort_with_rst
 
 HOP_BY_HOP = frozenset(
     {
@@ -108,7 +108,7 @@ def s3_error_body(code: str, message: str, resource: str = "", request_id: str =
     ).encode()
 
 
-class FaultProxy:
+class FaultProxy(ServedApp):
     """Reverse proxy from ``url`` to ``upstream_url`` that injects faults.
 
     Args:
@@ -145,17 +145,9 @@ class FaultProxy:
         app = web.Application(client_max_size=0)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         app.cleanup_ctx.append(self._session_ctx)
-        self._server = ThreadedWebServer(app, name="fault-proxy")
+        self._start_serving(app, "fault-proxy")
 
     # -- public API ----------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    @property
-    def port(self) -> int:
-        return self._server.port
 
     def update(self, **changes: object) -> FaultPlan:
         """Change plan fields atomically (validated); applies "refuse" at once.
@@ -227,21 +219,6 @@ class FaultProxy:
     def events(self) -> list[FaultEvent]:
         """Every matching request in order, with the faults injected into it."""
         return self._decider.events
-
-    @property
-    def running(self) -> bool:
-        """Whether the server thread is alive."""
-        return self._server.alive
-
-    def stop(self) -> None:
-        """Stop the proxy and its thread (idempotent)."""
-        self._server.stop()
-
-    def __enter__(self) -> FaultProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"FaultProxy({self.url} -> {self.upstream_url})"

@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from .web_thread import ThreadedWebServer
+from .web_thread import ServedApp
 
 _CHUNK = 256 * 1024
 _RECORDED = web.RequestKey("http_origin_recorded", bool)
@@ -84,7 +84,7 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
     return start, min(end, size - 1)
 
 
-class HttpOrigin:
+class HttpOrigin(ServedApp):
     """Serve ``root`` read-only over HTTP on 127.0.0.1.
 
     Args:
@@ -104,15 +104,7 @@ class HttpOrigin:
         self._lock = threading.Lock()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._server = ThreadedWebServer(app, name="http-origin")
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    @property
-    def port(self) -> int:
-        return self._server.port
+        self._start_serving(app, "http-origin")
 
     def url_for(self, relpath: str) -> str:
         """URL of ``relpath`` (relative to root, unencoded)."""
@@ -127,21 +119,6 @@ class HttpOrigin:
     def clear_requests(self) -> None:
         with self._lock:
             self._log.clear()
-
-    @property
-    def running(self) -> bool:
-        """Whether the server thread is alive."""
-        return self._server.alive
-
-    def stop(self) -> None:
-        """Stop serving (idempotent)."""
-        self._server.stop()
-
-    def __enter__(self) -> HttpOrigin:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"HttpOrigin({str(self.root)!r}, {self.url})"

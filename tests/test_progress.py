@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from stager.cli import progress
+from stager import progress
 
 
 def test_outside_a_terminal_progress_is_a_line_now_and_then_and_one_at_the_end(capsys, monkeypatch):
