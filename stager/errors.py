@@ -35,6 +35,8 @@ the standard library can still catch it (``except FileNotFoundError``)::
     ├── ReplicationBusy (BlockingIOError)   another process runs the same replication shard
     ├── JournalError (OSError)              replicate's journal database cannot be opened or written
     ├── MountError (OSError)                FUSE cannot work here, or the mount point cannot be used
+    ├── BlobSourceError (ConnectionError)   one place a blob's bytes come from failed (the next is tried)
+    │   └── PeerError                       a peer node: down, too slow, refused, or sent bad bytes
     └── CheckpointError (OSError)           a checkpoint's staging, drain or stores
         ├── StagingFull                     the staging directory has no room for a save, even after waiting
         └── CheckpointIncomplete            no store holds a complete, verified copy of a checkpoint's file
@@ -207,6 +209,23 @@ class MountError(StagerError, OSError):
     """FUSE cannot work here, or the mount point cannot be used or unmounted."""
 
 
+class BlobSourceError(StagerError, ConnectionError):
+    """A source of a blob's bytes other than the origin failed; the engine goes on with the next one."""
+
+
+class PeerError(BlobSourceError):
+    """A peer node could not give the bytes asked for.
+
+    ``kind`` says why, for the failure counters: ``down`` (no connection), ``timeout`` (slower than the
+    deadline), ``refused`` (401: the cluster secrets differ), ``missing`` (it neither holds nor fetches
+    the blob), ``corrupt`` (bytes that failed verification) or ``protocol`` (an answer that makes no sense).
+    """
+
+    def __init__(self, message: str, kind: str = "protocol") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class CheckpointError(StagerError, OSError):
     """A checkpoint cannot be staged, drained, verified or loaded as asked."""
 
@@ -267,6 +286,7 @@ def group_message(group: BaseException) -> str | None:
 
 __all__ = [
     "AccessDenied",
+    "BlobSourceError",
     "BlobTooLarge",
     "CacheCorrupt",
     "CacheError",
@@ -291,6 +311,7 @@ __all__ = [
     "OriginChanged",
     "OriginError",
     "OriginUnavailable",
+    "PeerError",
     "ReplicationBusy",
     "S3ServerError",
     "ShardNotFound",

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..errors import CacheError, DiskFull
 from .fileio import sqlite_error
@@ -372,22 +372,19 @@ class BlobIndex:
         return conn
 
     def _all(self, sql: str, params: Sequence = ()) -> list[tuple]:
-        try:
-            reader = self._reader()
-            if reader is not None:
-                return reader.execute(sql, params).fetchall()
-            with self._lock:
-                return self._conn.execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise self._error(exc, "reading the cache index") from exc
+        return self._read(sql, params, sqlite3.Cursor.fetchall)
 
     def _one(self, sql: str, params: Sequence = ()) -> tuple | None:
+        return self._read(sql, params, sqlite3.Cursor.fetchone)
+
+    def _read(self, sql: str, params: Sequence, fetch: Callable[[sqlite3.Cursor], Any]) -> Any:
+        """``fetch`` of a query on this thread's reader (or on the writer's connection, under its lock)."""
         try:
             reader = self._reader()
             if reader is not None:
-                return reader.execute(sql, params).fetchone()
+                return fetch(reader.execute(sql, params))
             with self._lock:
-                return self._conn.execute(sql, params).fetchone()
+                return fetch(self._conn.execute(sql, params))
         except sqlite3.Error as exc:
             raise self._error(exc, "reading the cache index") from exc
 

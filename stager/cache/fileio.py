@@ -9,6 +9,7 @@ import os
 import sqlite3
 from typing import Sequence
 
+from ..diskio import pread_upto
 from ..errors import CacheError, DiskFull
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
@@ -79,18 +80,10 @@ def pread_exact(fd: int, length: int, offset: int) -> bytes:
     Raises:
         CacheError: the file ends first (it was truncated behind our back).
     """
-    data = os.pread(fd, length, offset)
-    if len(data) == length:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < length:
-        more = os.pread(fd, length - got, offset + got)
-        if not more:
-            raise CacheError(f"short read: wanted {length} bytes at offset {offset}, the file ends after {got}")
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
+    data = pread_upto(fd, length, offset)
+    if len(data) != length:
+        raise CacheError(f"short read: wanted {length} bytes at offset {offset}, the file ends after {len(data)}")
+    return data
 
 
 def readinto_exact(fd: int, view: memoryview, offset: int) -> None:

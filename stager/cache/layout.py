@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..diskio import fsync_dir
 from ..errors import CacheError
 
 FORMAT_NAME = "stager-cache"
@@ -202,10 +203,3 @@ def make_shard_dir(layout: CacheLayout, digest: str) -> None:
         shard.mkdir(exist_ok=True)
 
 
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so the names created, renamed or removed in it are durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

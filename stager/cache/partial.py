@@ -24,7 +24,7 @@ from .direct import DirectRefused
 from .fileio import os_error, pread_exact, pwritev_all
 
 if TYPE_CHECKING:
-    from .tier import CacheTier
+    from .blob_files import BlobFiles
 
 
 class PartialBlob:
@@ -36,9 +36,9 @@ class PartialBlob:
     Close it when done (or use it as a context manager).
     """
 
-    def __init__(self, tier: "CacheTier", digest: str, size: int, block_size: int, gen: str | None,
+    def __init__(self, files: "BlobFiles", digest: str, size: int, block_size: int, gen: str | None,
                  path: Path, fd: int, verified: set[int], direct_fd: int | None = None) -> None:
-        self._tier = tier
+        self._files = files
         self.digest = digest
         self.size = size
         self.block_size = block_size
@@ -56,6 +56,16 @@ class PartialBlob:
     def complete(self) -> bool:
         """Whether the blob is complete (committed now or before)."""
         return self._gen is None
+
+    @property
+    def gen(self) -> str | None:
+        """The generation of the partial file (None once the blob is complete)."""
+        return self._gen
+
+    @property
+    def writes_direct(self) -> bool:
+        """Whether whole pages of writes go ``O_DIRECT`` (past the page cache)."""
+        return self._direct_fd is not None
 
     @property
     def verified(self) -> frozenset[int]:
@@ -129,15 +139,15 @@ class PartialBlob:
         fd = self._require_fd()
         try:
             direct_fd = self._direct_fd
-            if direct_fd is not None and (writer := self._tier._direct) is not None:
+            if direct_fd is not None and (writer := self._files.direct) is not None:
                 try:
                     writer.write(direct_fd, fd, [memoryview(b).cast("B") for b in buffers], offset)
                     return
                 except DirectRefused:
-                    self._tier._refuse_direct()
+                    self._files.refuse_direct()
             pwritev_all(fd, buffers, offset)
         except OSError as exc:
-            raise os_error(exc, f"writing block {index} of blob {self.digest} in {self._tier.directory}") from exc
+            raise os_error(exc, f"writing block {index} of blob {self.digest} in {self._files.directory}") from exc
 
     def write_verified(self, index: int, offset: int, buffers: Sequence[bytes | bytearray | memoryview], *,
                        durable: bool = True) -> None:
@@ -162,8 +172,8 @@ class PartialBlob:
             try:
                 os.fdatasync(fd)
             except OSError as exc:
-                raise os_error(exc, f"syncing block {index} of blob {self.digest} in {self._tier.directory}") from exc
-        self._tier._record_block(self, index, durable)
+                raise os_error(exc, f"syncing block {index} of blob {self.digest} in {self._files.directory}") from exc
+        self._files.record_block(self, index, durable)
         with self._lock:
             self._verified.add(index)
 
@@ -177,7 +187,7 @@ class PartialBlob:
         with self._lock:
             known = index in self._verified
         if not known:
-            if self._gen is None or not self._tier._index.is_verified(self.digest, self._gen, index):
+            if self._gen is None or not self._files.is_verified(self.digest, self._gen, index):
                 raise CacheError(f"blob {self.digest}: block {index} is not verified in the cache")
             with self._lock:
                 self._verified.add(index)
@@ -203,7 +213,7 @@ class PartialBlob:
         if self._gen is None:
             return self.path
         fd = self._require_fd()
-        path = self._tier._commit(self, fd, self._gen)
+        path = self._files.commit(self, fd, self._gen)
         self._gen = None
         self._close_direct()
         self.path = path
@@ -211,7 +221,7 @@ class PartialBlob:
             self._verified = set(range(self.block_count))
         return path
 
-    def _forget_blocks(self, indexes: Sequence[int]) -> None:
+    def forget_blocks(self, indexes: Sequence[int]) -> None:
         """Blocks found bad on disk (the tier forgot them in the index): to be written again."""
         with self._lock:
             self._verified.difference_update(indexes)
@@ -222,7 +232,7 @@ class PartialBlob:
         if fd is not None:
             self._close_direct()
             os.close(fd)
-            self._tier._forget_handle(self)
+            self._files.forget(self)
 
     def _close_direct(self) -> None:
         direct_fd, self._direct_fd = self._direct_fd, None

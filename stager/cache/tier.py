@@ -1,5 +1,11 @@
 """The cache tier: one facade over the layout, the index, the locks, eviction and scrubbing.
 
+Its own job is the room: reserving a blob's size against the capacity and
+the disk (evicting what must go), and removing blobs. The files of blobs being
+filled and their commit are :mod:`.blob_files`'s, access times and the holds of
+live processes :mod:`.access`'s, the eviction order :mod:`.eviction`'s and the
+scrub :mod:`.verify`'s; the tier hands each the index and layout it needs.
+
 Synchronous by design (sqlite and file I/O); the async engine calls the slow
 methods (``begin``, ``write_block``, ``commit``, ``evict``, ``verify``) in a
 bounded thread pool. Every method is thread-safe, and several processes may
@@ -13,7 +19,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from array import array
 from collections.abc import Callable, Container, Iterable, Sequence
 from pathlib import Path
@@ -21,26 +26,25 @@ from pathlib import Path
 import xxhash
 
 from ..config import CacheConfig
-from ..errors import BlobTooLarge, CacheCorrupt, CacheError, CacheFull, DiskFull, ManifestError
+from ..errors import BlobTooLarge, CacheError, CacheFull, DiskFull
 from ..hashing import block_count
+from .access import AccessTimes, Holds
+from .blob_files import BlobFiles
 from .blob_index import BlobIndex, BlobRow, Candidate, pack_block_digests
-from .direct import DirectWriter, open_direct
 from .eviction import Rank, VictimQueue
 from .fileio import allocate, os_error
-from .layout import check_digest, check_digests, fsync_dir, make_shard_dir, new_generation, open_layout
-from .liveness import ProcessIdentity, boot_id, current_process, is_alive
+from .layout import check_digest, check_digests, new_generation, open_layout
+from .liveness import boot_id
 from .locks import BlobLock, LockTable, sweep_lock_files
 from .partial import PartialBlob
-from .reconcile import ReconcileReport, disk_charge, reconcile, repair_partial
-from .reader import file_digest, stamp_checked
+from .reconcile import ReconcileReport, reconcile, repair_partial
 from .reserve import IndexReserve
 from .records import BlobRecord, BlobState, CacheUsage, DatasetSummary, VerifyReport
-from .verify import check_blocks, scrub
+from .verify import scrub
 
 log = logging.getLogger(__name__)
 
 _BEGIN_ATTEMPTS = 4  # reserve, evict, retry: another process may take the room we freed
-_TOUCH_BATCH = 4096
 
 
 class CacheTier:
@@ -72,12 +76,7 @@ class CacheTier:
         self._index = BlobIndex(self._layout.index_path, busy_timeout=busy_timeout, reserve=self._reserve)
         self._closed = False
         self._locks = LockTable()
-        self._touch_lock = threading.Lock()
-        self._touches: dict[str, float] = {}
-        self._touch_interval = touch_interval
-        self._touch_flushed = time.monotonic()
-        self._handles: weakref.WeakSet[PartialBlob] = weakref.WeakSet()
-        self._direct: DirectWriter | None = DirectWriter() if config.direct_writes else None
+        self._access = AccessTimes(self._index, touch_interval)
         self._victims = VictimQueue()
         self._evictions_lock = threading.Lock()
         self.evicted_blobs = 0  # blobs (and their bytes) this instance evicted, for metrics
@@ -87,6 +86,8 @@ class CacheTier:
             st = os.statvfs(self.directory)
             self._unit = max(4096, st.f_frsize)
             self._boot = boot_id()
+            self._holds = Holds(self._index, self._boot)
+            self._files = BlobFiles(self._index, self._layout, self._boot, direct_writes=config.direct_writes)
             self._reserve.ensure()
             self.last_reconcile: ReconcileReport | None = None
             if reconcile:
@@ -125,7 +126,7 @@ class CacheTier:
             self._reserve.sweep()
         except OSError as exc:
             raise os_error(exc, f"{self.directory}: sweeping half-made index reserves") from exc
-        report.dead_owners = self._drop_dead_owners()[1]
+        report.dead_owners = self._holds.drop_dead_owners()[1]
         return report
 
     def usage(self) -> CacheUsage:
@@ -151,8 +152,7 @@ class CacheTier:
             verified = frozenset(range(row.block_count))
         else:
             verified = frozenset(self._index.verified(digest))
-        with self._touch_lock:
-            last_access = max(row.last_access, self._touches.get(digest, 0.0))
+        last_access = self._access.last(digest, row.last_access)
         return BlobRecord(digest, row.state, row.size, row.block_size, row.block_count, verified, row.charged,
                           last_access, row.consumed, self._index.is_pinned(digest))
 
@@ -258,7 +258,7 @@ class CacheTier:
             if isinstance(exc, OSError) and not isinstance(exc, CacheError):
                 raise os_error(exc, f"creating partial blob {digest} in {self.directory}") from exc
             raise
-        return self._handle(digest, size, block_size, gen, opened[1], opened[0], set()), 0, False
+        return self._files.handle(digest, size, block_size, gen, opened[1], opened[0], set()), 0, False
 
     @staticmethod
     def _claim_disk(fd: int, size: int) -> bool:
@@ -301,7 +301,7 @@ class CacheTier:
                 self._index.delete_blob(digest)
                 return None
             self.touch(digest)
-            return self._handle(digest, row.size, row.block_size, None, path, fd, set(range(row.block_count)))
+            return self._files.handle(digest, row.size, row.block_size, None, path, fd, set(range(row.block_count)))
         path = self._layout.partial_path(digest, row.gen)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -309,14 +309,7 @@ class CacheTier:
             os.chmod(path, 0o644)
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         self.touch(digest)
-        return self._handle(digest, row.size, row.block_size, row.gen, path, fd, self._index.verified(digest))
-
-    def _handle(self, digest: str, size: int, block_size: int, gen: str | None, path: Path, fd: int,
-                verified: set[int], *, writable: bool = True) -> PartialBlob:
-        direct_fd = open_direct(path) if writable and gen is not None and self._direct is not None else None
-        handle = PartialBlob(self, digest, size, block_size, gen, path, fd, verified, direct_fd)
-        self._handles.add(handle)
-        return handle
+        return self._files.handle(digest, row.size, row.block_size, row.gen, path, fd, self._index.verified(digest))
 
     def open_partial(self, digest: str) -> PartialBlob | None:
         """A read-only handle on a partial (or complete) blob, for readers that serve verified
@@ -338,105 +331,8 @@ class CacheTier:
                 raise os_error(exc, f"opening blob {digest}") from exc
             if verified is None:
                 verified = self._index.verified(digest)
-            return self._handle(digest, row.size, row.block_size, gen, path, fd, verified, writable=False)
+            return self._files.handle(digest, row.size, row.block_size, gen, path, fd, verified, writable=False)
         return None
-
-    def _record_block(self, handle: PartialBlob, index: int, durable: bool) -> None:
-        gen = handle._gen
-        if gen is None:
-            return
-        if not self._index.record_block(handle.digest, gen, index, None if durable else self._boot):
-            raise CacheError(f"blob {handle.digest}: the partial blob was evicted, removed or restarted "
-                             "while being written; begin() it again")
-
-    def _commit(self, handle: PartialBlob, fd: int, gen: str) -> Path:
-        digest = handle.digest
-        if self._index.state(digest) is BlobState.COMPLETE:
-            return self._layout.complete_path(digest)  # another handle committed it
-        missing = handle.block_count - self._index.verified_count(digest)
-        if missing:
-            raise CacheError(f"blob {digest}: cannot commit, {missing} of {handle.block_count} blocks "
-                             "are not verified")
-        self._check_before_commit(handle, fd, gen)
-        dest = self._layout.complete_path(digest)
-        try:
-            os.fsync(fd)
-            os.fchmod(fd, 0o444)  # before the rename: a file under blobs/ is never writable
-            make_shard_dir(self._layout, digest)
-        except OSError as exc:
-            raise os_error(exc, f"committing blob {digest}") from exc
-        renamed = False
-        try:
-            with self._index.write():
-                row = self._index.get(digest)
-                if row is not None and row.state is BlobState.COMPLETE:
-                    return dest  # another handle committed it
-                if row is None or row.gen != gen:
-                    raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its "
-                                     "commit; begin() it again")
-                missing = handle.block_count - self._index.verified_count(digest)
-                if missing:
-                    raise CacheError(f"blob {digest}: cannot commit, {missing} of {handle.block_count} blocks "
-                                     "are not verified")
-                try:
-                    os.rename(self._layout.partial_path(digest, gen), dest)
-                except FileNotFoundError:
-                    # Renamed by an earlier commit() that failed after it: repairing promotes it.
-                    repaired = repair_partial(self._index, self._layout, row, self._boot)
-                    if repaired is None or repaired.state is not BlobState.COMPLETE:
-                        raise CacheError(f"blob {digest}: the partial file vanished before its commit; "
-                                         "begin() it again") from None
-                    return dest
-                renamed = True
-                fsync_dir(dest.parent)
-                self._index.mark_complete(digest, disk_charge(os.fstat(fd)), time.time())
-        except BaseException as exc:
-            if not renamed:
-                self._restore_writable(fd)
-            if isinstance(exc, OSError) and not isinstance(exc, CacheError):
-                raise os_error(exc, f"committing blob {digest}") from exc
-            raise
-        return dest
-
-    def _check_before_commit(self, handle: PartialBlob, fd: int, gen: str) -> None:
-        """Re-hash the whole partial file against the blob's digest: a block recorded as verified may
-        have rotted on the disk since (or been written over). The bad blocks are forgotten, so the
-        next fetch brings them again, and :class:`CacheCorrupt` names them.
-
-        Raises:
-            CacheCorrupt: the file does not hash to the digest (bad blocks forgotten).
-            ManifestError: every block matches its digest but the whole file does not match the
-                blob's: the manifest's digests disagree with each other.
-            CacheError: a read error.
-        """
-        digest = handle.digest
-        try:
-            actual = file_digest(fd, handle.size, drop_cache=handle._direct_fd is not None)
-        except OSError as exc:
-            if isinstance(exc, CacheError):
-                raise
-            raise os_error(exc, f"re-reading blob {digest} before its commit") from exc
-        if actual == digest:
-            stamp_checked(fd)  # readers may take its pages in the page cache as they are (see reader.py)
-            return
-        row = self._index.get(digest)
-        if row is None or row.gen != gen:
-            raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its commit; "
-                             "begin() it again")
-        try:
-            bad, _ = check_blocks(self._layout.partial_path(digest, gen), row.size, row.block_size,
-                                  row.block_digests)
-        except OSError as exc:
-            raise os_error(exc, f"re-reading blob {digest} before its commit") from exc
-        if not bad:
-            raise ManifestError(f"blob {digest}: every block matches the manifest's block digests but the "
-                                "whole file does not match the blob digest; the manifest is inconsistent")
-        self._index.forget_blocks(digest, bad)
-        handle._forget_blocks(bad)
-        log.warning("cache %s: blob %s: %d verified block(s) changed on disk before the commit (%s); "
-                    "they are fetched again", self.directory, digest, len(bad), ", ".join(map(str, bad[:8])))
-        raise CacheCorrupt(f"blob {digest}: block(s) {', '.join(map(str, bad[:8]))} changed on the cache disk "
-                           "after they were verified; not committed, they must be fetched again", tuple(bad))
 
     def drop_corrupt(self, digest: str, identity: tuple[int, int], blocks: Sequence[int] | None = None) -> bool:
         """A reader found bytes of the file ``identity`` (device, inode) that do not match their digest:
@@ -474,41 +370,11 @@ class CacheTier:
                     self.directory, digest)
         return True
 
-    @staticmethod
-    def _restore_writable(fd: int) -> None:
-        try:
-            os.fchmod(fd, 0o644)
-        except OSError:
-            pass
-
-    def _refuse_direct(self) -> None:
-        """The filesystem refused a direct write: every later write of this tier goes buffered."""
-        if self._direct is not None:
-            self._direct = None
-            log.info("cache %s: the filesystem refuses O_DIRECT writes; writing through the page cache",
-                     self.directory)
-
-    def _forget_handle(self, handle: PartialBlob) -> None:
-        self._handles.discard(handle)
-
     # -- access, consumption, protection ------------------------------------------------------
 
     def touch(self, digest: str) -> None:
         """Note that a blob was just read (buffered; written at most every ``touch_interval``)."""
-        now = time.time()
-        with self._touch_lock:
-            self._touches[digest] = now
-            due = len(self._touches) >= _TOUCH_BATCH or \
-                time.monotonic() - self._touch_flushed >= self._touch_interval
-        if due:
-            self._flush_touches()
-
-    def _flush_touches(self) -> None:
-        with self._touch_lock:
-            touches, self._touches = self._touches, {}
-            self._touch_flushed = time.monotonic()
-        if touches:
-            self._index.touch_many([(t, d) for d, t in touches.items()])
+        self._access.touch(digest)
 
     def mark_consumed(self, digest: str, token: str | int) -> None:
         """Record that every local consumer has read the blob in epoch (or plan round) ``token``."""
@@ -527,25 +393,11 @@ class CacheTier:
         ``owner_id`` must be unique to this process (e.g. include the pid);
         holds add up until :meth:`release`. A hold whose process died is ignored.
         """
-        me = current_process()
-        self._index.add_holds(owner_id, me.pid, me.start, me.boot, (check_digest(d) for d in digests))
+        self._holds.hold(owner_id, digests)
 
     def release(self, owner_id: str, digests: Iterable[str] | None = None) -> None:
         """Drop some (or all) of ``owner_id``'s holds."""
-        self._index.release_holds(owner_id, None if digests is None else list(digests))
-
-    def _drop_dead_owners(self) -> tuple[list[str], int]:
-        """The live owners' ids, and how many dead ones were removed with their holds."""
-        live, dead = [], []
-        for owner, pid, start, boot in self._index.owners():
-            (live if is_alive(ProcessIdentity(pid, start, boot), self._boot) else dead).append(owner)
-        if dead:
-            self._index.drop_owners(dead)
-        return live, len(dead)
-
-    def _held(self, digest: str) -> bool:
-        return any(is_alive(ProcessIdentity(pid, start, boot), self._boot)
-                   for _, pid, start, boot in self._index.owners_holding(digest))
+        self._holds.release(owner_id, digests)
 
     # -- eviction and removal -----------------------------------------------------------------
 
@@ -567,8 +419,8 @@ class CacheTier:
         """
         if nbytes_needed <= 0:
             return 0
-        self._flush_touches()
-        live, _ = self._drop_dead_owners()
+        self._access.flush()
+        live, _ = self._holds.drop_dead_owners()
         exclude = frozenset(protect) | self._index.held_by(live)
         freed = 0
         victims = self._victims
@@ -598,7 +450,7 @@ class CacheTier:
                 row = self._index.get(candidate.digest)
                 if row is None or row.gen != candidate.gen:
                     return 0
-                if self._index.is_pinned(row.digest) or self._held(row.digest):
+                if self._index.is_pinned(row.digest) or self._holds.is_held(row.digest):
                     return None
                 self._unlink_blob_file(row)
                 freed = self._index.delete_blob(row.digest)
@@ -705,11 +557,10 @@ class CacheTier:
             return
         self._closed = True
         try:
-            self._flush_touches()
+            self._access.flush()
         except CacheError:
             pass  # access times are hints
-        for handle in list(self._handles):
-            handle.close()
+        self._files.close_all()
         self._index.close()
 
     def __enter__(self) -> "CacheTier":

@@ -6,7 +6,12 @@ each plan's byte window, nearest first, as parallel verified block reads
 through a :class:`PriorityGate`; a blob a consumer blocks on jumps the queue.
 Each blob is fetched once however many plans want it (``BlobJob``, shared
 through ``asyncio.shield``), and once across processes sharing a cache (the
-cache's file lock). See :mod:`.fetcher` for one blob's path from origin to cache.
+cache's file lock). A blob's bytes come from its :mod:`.source` list (the origin
+unless a peer stands before it). One blob's path from origin to cache: :mod:`.job`
+(single flight, locks, commit), :mod:`.spans` (blocks into requests),
+:mod:`.span_fetch` (a request from the sources, hedged), :mod:`.span_writer`
+(its body into the partial file, verified block by block); the parts share a
+:class:`~.context.FetchContext`, not the engine.
 """
 
 from .dataset import BlobRef, Dataset
@@ -14,6 +19,8 @@ from .engine import Engine
 from .gate import PriorityGate
 from .hedging import LatencyTracker, hedged
 from .plan import URGENT, Plan
+from .source import BlobSource, BlobSources, OriginSource
 from .stats import EngineStats
 
-__all__ = ["URGENT", "BlobRef", "Dataset", "Engine", "EngineStats", "LatencyTracker", "Plan", "PriorityGate", "hedged"]
+__all__ = ["URGENT", "BlobRef", "BlobSource", "BlobSources", "Dataset", "Engine", "EngineStats", "LatencyTracker",
+           "OriginSource", "Plan", "PriorityGate", "hedged"]

@@ -11,12 +11,16 @@ from dataclasses import dataclass, field
 
 from ..config import FetchConfig, SourceConfig
 from ..manifest import Manifest, load_manifest
-from ..store import OriginStats, Store, open_store
+from ..store import OriginStats, Store, StoreOptions, open_store
 
 
 @dataclass(frozen=True, slots=True)
 class BlobRef:
-    """One blob to fetch: where it is at the origin and what its bytes must hash to."""
+    """One blob to fetch: where it is at the origin and what its bytes must hash to.
+
+    ``blocks`` are the xxh3-64 digests of its blocks of ``block_size`` bytes
+    (the last may be shorter); ``dataset`` is where it comes from (not compared).
+    """
 
     digest: str
     size: int
@@ -47,8 +51,8 @@ class Dataset:
             ManifestError: no manifest, or an invalid one.
             OriginError: the origin cannot be read.
         """
-        store = open_store(source, retry=fetch.retry, bandwidth=fetch.bandwidth, stats=stats,
-                           concurrency=fetch.concurrency)
+        store = open_store(source, StoreOptions(retry=fetch.retry, bandwidth=fetch.bandwidth, stats=stats,
+                                                concurrency=fetch.concurrency))
         try:
             if manifest is None:
                 manifest = await load_manifest(store)

@@ -5,6 +5,7 @@ daemon): the cache tier, the datasets (store + manifest) it fetches from, the
 plans of its consumers, the single-flight table of blob jobs, the priority
 gate that bounds block requests in flight (its limit learned from the origin
 by a :class:`~.concurrency.ConcurrencyController`, under ``concurrency``), the latency tracker for hedging,
+the sources a blob's bytes may come from (:mod:`.source`: the origin unless told otherwise),
 and two small thread pools (disk writes and sqlite; waits on other processes'
 blob locks) so the event loop never blocks on the disk.
 
@@ -27,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..aio import AsyncClosing, wait_until_set
 from ..cache import BlobState, CacheTier
 from ..cache.reader import BlockReads
 from ..config import FetchConfig, SourceConfig
@@ -36,19 +38,22 @@ from ..manifest import Manifest
 from ..store import OriginStats
 from .dataset import BlobRef, Dataset
 from .concurrency import ConcurrencyController, memory_ceiling
+from .context import FetchContext
 from .disk_threads import DiskThreads
-from .fetcher import BlobJob
+from .job import BlobJob
 from .gate import PriorityGate
 from .hedging import LatencyTracker
 from .plan import URGENT, Plan
+from .source import BlobSources, OriginOnly
 from .stats import EngineStats
 
 log = logging.getLogger(__name__)
 
-class Engine:
+class Engine(AsyncClosing):
     """Fetches blobs for plans into a cache tier. Use as ``async with Engine(cache) as engine``."""
 
-    def __init__(self, cache: CacheTier, config: FetchConfig = FetchConfig()) -> None:
+    def __init__(self, cache: CacheTier, config: FetchConfig = FetchConfig(), *,
+                 sources: BlobSources | None = None) -> None:
         self.cache = cache
         self.config = config
         self.origin_stats = OriginStats()
@@ -56,24 +61,23 @@ class Engine:
             memory_ceiling(config.concurrency, config.request_bytes), full_request=config.request_bytes,
             throttled=lambda: self.origin_stats.throttled)
         self.gate = PriorityGate(self.concurrency.limit, controller=self.concurrency)
-        self.latency = LatencyTracker()
         self.stats = EngineStats(gauges=self._gauges)
-        self._jobs: dict[str, BlobJob] = {}
+        self._block_listeners: list[Callable[[BlobRef, int], None]] = [self._count_for_concurrency]
+        #: What the engine's jobs, plans and span fetches are given of it.
+        self.context = FetchContext(
+            cache=cache, config=config, gate=self.gate, stats=self.stats, latency=LatencyTracker(),
+            sources=sources if sources is not None else OriginOnly(),
+            disk=DiskThreads(min(8, max(2, config.concurrency // 2)), "stager-disk"),
+            lock_waiters=ThreadPoolExecutor(max_workers=8, thread_name_prefix="stager-lock"),
+            block_fetched=self.on_block_fetched, eviction_rank=self.eviction_rank,
+            protected_digests=self.protected_digests)
+        self._jobs = self.context.jobs
         self._job_tasks: set[asyncio.Task] = set()  # also jobs that left the table and are closing their blob
         self._plans: list[Plan] = []
         self._datasets: dict[str, Dataset] = {}
-        self._disk = DiskThreads(min(8, max(2, config.concurrency // 2)), "stager-disk")
-        self.lock_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="stager-lock")
-        self._block_listeners: list[Callable[[BlobRef, int], None]] = [self._count_for_concurrency]
         self._closed = False
         self._room = asyncio.Event()  # set whenever room may have been made: a job ended, a plan moved on
         self._reads = BlockReads(cache.complete_path, lambda: cache, on_corrupt=self._read_back_corrupt)
-
-    async def __aenter__(self) -> "Engine":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.close()
 
     # -- datasets and plans -------------------------------------------------
 
@@ -96,7 +100,7 @@ class Engine:
         """Register a consumer's future reads; its prefetcher starts at once unless ``start`` is false."""
         window = window_bytes or self.config.window_bytes
         window = min(window, max(1, self.cache.capacity // 2))  # leave room to stream through a small cache
-        plan = Plan(self, dataset, order, window, name or f"plan-{len(self._plans)}")
+        plan = Plan(self.context, self, dataset, order, window, name or f"plan-{len(self._plans)}")
         self._plans.append(plan)
         if start:
             plan.start()
@@ -151,7 +155,7 @@ class Engine:
         """The blob's single flight in this process (started on first use; it ends when served)."""
         job = self._jobs.get(ref.digest)
         if job is None:
-            job = BlobJob(self, ref)
+            job = BlobJob(self.context, ref)
             self._jobs[ref.digest] = job
             job.task = asyncio.create_task(job.run(), name=f"fetch {ref.path}")
             self._job_tasks.add(job.task)
@@ -190,17 +194,13 @@ class Engine:
     def mark_consumed(self, digests: list[str], token: str) -> None:
         """Tell the cache a consumer is done with these blobs for this round (eviction takes them first)."""
         if digests:
-            self._disk.submit(self._mark_consumed, digests, token)
+            self.context.disk.submit(self._mark_consumed, digests, token)
             self._room.set()
 
     async def wait_for_room(self, timeout: float) -> None:
         """Return once a fetch ends or a consumer moves on (either may free cache room), or after ``timeout``."""
         self._room.clear()
-        try:
-            async with asyncio.timeout(timeout):
-                await self._room.wait()
-        except TimeoutError:
-            pass
+        await wait_until_set(self._room, timeout)
 
     def _mark_consumed(self, digests: list[str], token: str) -> None:
         for digest in digests:
@@ -221,7 +221,7 @@ class Engine:
 
     async def in_disk_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run blocking cache work (pwrite, fsync, sqlite) off the event loop."""
-        return await self.start_in_disk_thread(fn, *args, **kwargs)
+        return await self.context.in_disk_thread(fn, *args, **kwargs)
 
     def start_in_disk_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """Start blocking cache work off the event loop; its future is done once the thread is.
@@ -229,7 +229,7 @@ class Engine:
         Await it through :func:`asyncio.shield` (or not at all) when the caller may be
         cancelled: cancelling this future would not stop the thread, only hide when it ends.
         """
-        return self._disk.start(fn, *args, **kwargs)
+        return self.context.start_in_disk_thread(fn, *args, **kwargs)
 
     def add_block_listener(self, listener: Callable[[BlobRef, int], None]) -> None:
         """Call ``listener(ref, nbytes)`` for every verified block written (progress bars, metrics)."""
@@ -252,5 +252,5 @@ class Engine:
         await asyncio.gather(*tasks, return_exceptions=True)
         for dataset in self._datasets.values():
             await dataset.close()
-        self._disk.shutdown()
-        self.lock_waiters.shutdown(wait=False, cancel_futures=True)
+        self.context.disk.shutdown()
+        self.context.lock_waiters.shutdown(wait=False, cancel_futures=True)

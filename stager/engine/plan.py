@@ -14,29 +14,43 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
+from ..aio import wait_until_set
 from ..cache import BlobState
 from ..errors import CacheFull, DiskFull, StagerError
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
-    from .engine import Engine
+    from .context import FetchContext
+    from .dataset import BlobRef, Dataset
 
 log = logging.getLogger(__name__)
 
 URGENT = -1.0  # gate priority of a block a consumer is blocked on
 
 
+class PlanOwner(Protocol):
+    """What a plan asks of the engine that runs it: blobs, room in the cache, and its leaving."""
+
+    async def ensure(self, ref: "BlobRef", *, priority: float = 0.0) -> Path: ...
+
+    def mark_consumed(self, digests: list[str], token: str) -> None: ...
+
+    async def wait_for_room(self, timeout: float) -> None: ...
+
+    def forget_plan(self, plan: "Plan") -> None: ...
+
+
 class Plan:
     """One consumer's future reads of one dataset (positions index ``order``)."""
 
-    def __init__(self, engine: "Engine", dataset: "Dataset", order: Sequence[int] | np.ndarray | None,
-                 window_bytes: int, name: str) -> None:
+    def __init__(self, ctx: "FetchContext", owner: PlanOwner, dataset: "Dataset",
+                 order: Sequence[int] | np.ndarray | None, window_bytes: int, name: str) -> None:
         manifest = dataset.manifest
-        self.engine = engine
+        self._ctx = ctx
+        self._owner = owner
         self.dataset = dataset
         self.name = name
         self.order = np.arange(len(manifest), dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
@@ -87,7 +101,7 @@ class Plan:
         m = self.dataset.manifest
         consumed = [m.digest(int(i)) for i in self.order[self.cursor:position]]
         self.cursor = position
-        self.engine.mark_consumed(consumed, self.name)
+        self._owner.mark_consumed(consumed, self.name)
         self._moved.set()
 
     def ref(self, position: int):
@@ -102,15 +116,15 @@ class Plan:
             CacheError: the cache cannot hold it.
         """
         ref = self.ref(position)
-        cache = self.engine.cache
+        cache = self._ctx.cache
         if cache.state(ref.digest) is BlobState.COMPLETE:
             return cache.complete_path(ref.digest)
         began = time.monotonic()
-        deadline = began + self.engine.config.retry.deadline
+        deadline = began + self._ctx.config.retry.deadline
         try:
             while True:
                 try:
-                    return await self.engine.ensure(ref, priority=URGENT)
+                    return await self._owner.ensure(ref, priority=URGENT)
                 except DiskFull as exc:
                     if str(cache.directory) in str(exc):
                         raise
@@ -121,14 +135,14 @@ class Plan:
                     # done (or consumed) rather than fail the consumer, up to the retry deadline.
                     if time.monotonic() >= deadline:
                         raise
-                    await self.engine.wait_for_room(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                    await self._owner.wait_for_room(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
         finally:
-            self.engine.stats.consumer_wait_seconds += time.monotonic() - began
-            self.engine.stats.consumer_waits += 1
+            self._ctx.stats.consumer_wait_seconds += time.monotonic() - began
+            self._ctx.stats.consumer_waits += 1
 
     async def _prefetch(self) -> None:
-        engine = self.engine
-        cache = engine.cache
+        ctx, owner = self._ctx, self._owner
+        cache = ctx.cache
         in_flight: dict[int, asyncio.Task] = {}
         next_pos = 0
         try:
@@ -136,12 +150,12 @@ class Plan:
                 self._moved.clear()
                 next_pos = max(next_pos, self.cursor)
                 end = self.window_end()
-                limit = max(2, engine.gate.limit * 2)  # blob jobs in flight: follows the adaptive limit
+                limit = max(2, ctx.gate.limit * 2)  # blob jobs in flight: follows the adaptive limit
                 while next_pos < end and len(in_flight) < limit:
                     ref = self.ref(next_pos)
                     if cache.state(ref.digest) is not BlobState.COMPLETE:
                         in_flight[next_pos] = asyncio.create_task(
-                            engine.ensure(ref, priority=float(next_pos - self.cursor)))
+                            owner.ensure(ref, priority=float(next_pos - self.cursor)))
                     next_pos += 1
                 if next_pos >= len(self.order) and not in_flight:
                     return
@@ -156,7 +170,7 @@ class Plan:
                     del in_flight[pos]
                     error = task.exception()
                     if isinstance(error, CacheFull) and pos >= self.cursor:
-                        engine.stats.cache_full_waits += 1
+                        ctx.stats.cache_full_waits += 1
                         next_pos = min(next_pos, pos)  # retry once the consumer frees room
                         await self._wait_moved(timeout=1.0)
                     elif error is not None:
@@ -168,11 +182,7 @@ class Plan:
                 task.cancel()
 
     async def _wait_moved(self, timeout: float) -> None:
-        try:
-            async with asyncio.timeout(timeout):
-                await self._moved.wait()
-        except TimeoutError:
-            pass
+        await wait_until_set(self._moved, timeout)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -181,4 +191,4 @@ class Plan:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        self.engine.forget_plan(self)
+        self._owner.forget_plan(self)

@@ -12,10 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
+from .source import ORIGIN, PEER
+
 
 @dataclass(slots=True)
 class EngineStats:
-    bytes_fetched: int = 0  # verified bytes written to the cache from the origin
+    bytes_fetched: int = 0  # verified bytes written to the cache, from every source
+    bytes_from_origin: int = 0  # of those, from the origin
+    bytes_from_peers: int = 0  # of those, from other sources (peers)
     blocks_fetched: int = 0
     blobs_completed: int = 0  # blobs this engine committed
     blobs_already_cached: int = 0  # asked for, found complete
@@ -26,12 +30,17 @@ class EngineStats:
     consumer_wait_seconds: float = 0.0  # time consumers spent blocked on a blob or block
     consumer_waits: int = 0
     cache_full_waits: int = 0  # prefetches that waited for room
+    # sources skipped for a span (failed, timed out, bytes failing verification) by kind: source_failures_<kind>
+    source_failures: dict[str, int] = field(default_factory=dict)
     # -> concurrency, concurrency_peak, requests_in_flight, throughput_bps, throttle_backoffs
     gauges: Callable[[], dict[str, float]] | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, float]:
         """The counters, and the gauges' values now."""
-        values: dict[str, float] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "gauges"}
+        values: dict[str, float] = {f.name: getattr(self, f.name) for f in fields(self)
+                                    if f.name not in ("gauges", "source_failures")}
+        for kind in (ORIGIN, PEER, *self.source_failures):
+            values[f"source_failures_{kind}"] = self.source_failures.get(kind, 0)
         if self.gauges is not None:
             values.update(self.gauges())
         return values

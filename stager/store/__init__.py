@@ -7,10 +7,12 @@ implementation from the URL:
 
 - a bare path or ``file://`` -> :class:`LocalStore`: ``os.pread`` in a
   bounded thread pool, atomic writes by temp file + fsync + rename;
-- ``http(s)://`` -> :class:`HttpStore`: read-only, aiohttp Range GETs;
-- ``s3://`` -> :class:`S3Store`: SigV4-signed aiohttp requests for reads and
+- ``http(s)://`` -> :class:`HttpStore`: read-only Range GETs;
+- ``s3://`` -> :class:`S3Store`: SigV4-signed requests for reads and
   HEADs (botocore's per-request overhead would cost more CPU than the
-  bytes), s3fs/aiobotocore for listing, multipart uploads and the rest;
+  bytes), s3fs/aiobotocore for listing, multipart uploads and the rest.
+  Both read through one HTTP-family path (``signed_http.py``, on the
+  client of ``wire.py``) and differ only in how a request is signed;
 - any other fsspec protocol -> :class:`FsspecStore`.
 
 The origins this is built for throttle, reset connections, stall, and
@@ -20,7 +22,9 @@ timeout and an overall deadline) and the libraries' own retries are turned
 off, so that there is one budget, one set of counters and one place to
 reason about. A store runs at most ``concurrency`` requests at once, and a
 request waiting for its turn is not yet timed, so queueing behind the
-caller's own requests never looks like a slow origin.
+caller's own requests never looks like a slow origin. Those settings (retry,
+bandwidth cap, counters, concurrency) are one frozen :class:`StoreOptions`
+value, given to :func:`open_store` and every store's constructor.
 
 Errors of botocore, aiohttp and the OS are translated in one place
 (``translate.py``) into :mod:`stager.errors`: not-found and denied fail at
@@ -35,10 +39,10 @@ checks, never passed on. Each store counts what it did in an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-
-from ..config import RetryConfig, SourceConfig
+from ..config import SourceConfig
 from ..errors import ConfigError
 from .bandwidth import BandwidthLimiter
 from .base import (
@@ -56,52 +60,41 @@ from .base import (
 from .fsspec_store import FsspecStore
 from .http_store import HttpStore
 from .local_store import LocalStore
+from .options import StoreOptions
 from .retry import RetryPolicy
 from .stats import OriginStats
 
 
-def open_store(
-    source: SourceConfig,
-    *,
-    retry: RetryConfig | None = None,
-    bandwidth: int | None = None,
-    stats: OriginStats | None = None,
-    concurrency: int = 16,
-) -> Store:
+def open_store(source: SourceConfig, options: StoreOptions | None = None, **fields: Any) -> Store:
     """Open the store for ``source``, chosen by its URL scheme.
 
     Args:
         source: the URL (or bare path) and storage options.
-        retry: retry settings; default :class:`~stager.config.RetryConfig`.
-        bandwidth: a cap in bytes per second on all of the store's transfers; None = unlimited.
-        stats: counters to update; a new :class:`OriginStats` if None (see ``store.stats``).
-        concurrency: the connection pool or thread pool size; match the engine's requests in flight.
+        options: retry, bandwidth, stats and concurrency (:class:`StoreOptions`; its defaults if None).
+        fields: any of those four by name, over ``options`` (``open_store(source, retry=...)``).
 
     Raises:
-        ConfigError: unknown protocol, or options the store does not understand.
+        ConfigError: unknown protocol, options the store does not understand, a concurrency below 1.
     """
-    if concurrency < 1:
-        raise ConfigError(f"store concurrency must be >= 1, got {concurrency}")
-    limiter = BandwidthLimiter(bandwidth) if bandwidth else None
-    kwargs: dict[str, Any] = dict(retry=retry, bandwidth=limiter, stats=stats, concurrency=concurrency)
+    options = replace(options or StoreOptions(), **fields) if fields else (options or StoreOptions())
     url = source.url
     protocol, _ = split_protocol(url)
     protocol = (protocol or "file").lower()
-    options = dict(source.storage_options)
+    given = dict(source.storage_options)
     if protocol in ("file", "local"):
-        if options:
-            raise ConfigError(f"{url}: a local path takes no storage options, got {sorted(options)}")
-        return LocalStore(url if protocol == "file" else url.split("://", 1)[1], **kwargs)
+        if given:
+            raise ConfigError(f"{url}: a local path takes no storage options, got {sorted(given)}")
+        return LocalStore(url if protocol == "file" else url.split("://", 1)[1], options=options)
     if protocol in ("http", "https"):
-        return HttpStore(url, options, **kwargs)
+        return HttpStore(url, given, options=options)
     if protocol in ("s3", "s3a"):
         try:
             from .s3_store import S3Store
         except ImportError as exc:
             raise ConfigError(f"{url}: S3 support needs the s3 extra (pip install 'stager[s3]')") from exc
-        return S3Store(url, options, **kwargs)
+        return S3Store(url, given, options=options)
     try:
-        return FsspecStore(url, options, **kwargs)
+        return FsspecStore(url, given, options=options)
     except (ImportError, ValueError) as exc:
         raise ConfigError(f"{url}: no usable filesystem for {protocol}://: {exc}") from exc
 
@@ -129,6 +122,7 @@ __all__ = [
     "RetryPolicy",
     "S3Store",
     "Store",
+    "StoreOptions",
     "UnsupportedOperation",
     "Upload",
     "open_store",

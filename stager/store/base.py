@@ -9,12 +9,17 @@ and raises only :class:`~stager.errors.OriginError` subclasses.
 from __future__ import annotations
 
 import abc
-import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Mapping
 
+from ..aio import to_the_end
 from ..errors import InvalidPath, InvalidRange, OriginError, ShardNotFound, UnsupportedOperation
 from ..paths import BAD_PATH_PROBLEM, is_safe_path
+
+if TYPE_CHECKING:
+    from .bandwidth import BandwidthLimiter
+    from .retry import RetryPolicy
+    from .stats import OriginStats
 
 #: ``check(data)`` verifies a body before it is returned; it raises
 #: :class:`~stager.errors.CorruptData` to have the read retried. It may be a
@@ -59,17 +64,7 @@ async def feed_sink(sink: RangeSink, chunks: AsyncIterator[bytes]) -> None:
             await sink.write(chunk)
         await sink.close()
     except BaseException:
-        await _to_the_end(sink.abort())
-        raise
-
-
-async def _to_the_end(awaitable: Awaitable[None]) -> None:
-    """Await ``awaitable`` to its end even if the caller is cancelled meanwhile (cancellation then re-raised)."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
+        await to_the_end(sink.abort())
         raise
 
 
@@ -168,7 +163,52 @@ class Upload(abc.ABC):
 
 
 class Store(abc.ABC):
-    """An origin rooted at :attr:`url`. See the package docstring for the contract."""
+    """An origin rooted at :attr:`url`. See the package docstring for the contract.
+
+    Implementations set :attr:`stats`, :attr:`retry` and :attr:`bandwidth` (see
+    :meth:`~stager.store.options.StoreOptions.machinery`); the helpers below use them.
+    """
+
+    stats: "OriginStats"
+    retry: "RetryPolicy"
+    bandwidth: "BandwidthLimiter | None" = None
+
+    async def _pace(self, nbytes: int) -> None:
+        """Wait for the bandwidth cap to allow ``nbytes`` more (at once without a cap)."""
+        if self.bandwidth is not None:
+            await self.bandwidth.acquire(nbytes)
+
+    async def _read_range_by(self, path: str, start: int, end: int, check: Check | None,
+                             get: Callable[[str], Awaitable[bytes]]) -> bytes:
+        """A ranged read as the remote stores do it: the range validated; an empty one still fails
+        on a missing object; else, under the retry policy and the bandwidth cap, ``get(what)`` (one
+        attempt's exact bytes, ``what`` naming the range in errors) and ``check``."""
+        validate_range(path, start, end)
+        if start == end:
+            await self.info(path)
+            await run_check(check, b"")
+            return b""
+        what = f"{path} [{start}, {end})"
+
+        async def attempt() -> bytes:
+            await self._pace(end - start)
+            data = await get(what)
+            await run_check(check, data)
+            return data
+
+        return await self.retry.run(attempt, what=what)
+
+    async def _read_counted(self, what: str, read: Callable[[], Awaitable[bytes]]) -> bytes:
+        """``read()`` under the retry policy, its errors translated and its bytes counted."""
+        from .translate import translated  # translate.py names this module's errors: imported late
+
+        async def attempt() -> bytes:
+            with translated(what):
+                data = await read()
+            self.stats.bytes_read += len(data)
+            return data
+
+        return await self.retry.run(attempt, what=what)
 
     @property
     def endpoint(self) -> str | None:

@@ -26,12 +26,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import RetryConfig
 from ..errors import ShardNotFound, TransientOriginError
-from .bandwidth import BandwidthLimiter
-from .base import (Check, InvalidRange, ObjectInfo, Store, Upload, run_check, split_protocol, validate_path,
-                   validate_range)
+from .base import Check, InvalidRange, ObjectInfo, Store, Upload, split_protocol, validate_path
 from .parts import PartLedger
-from .retry import RetryPolicy
-from .stats import OriginStats
+from .options import StoreOptions
 from .translate import translated
 
 if TYPE_CHECKING:
@@ -64,32 +61,23 @@ class FsspecStore(Store):
     Args:
         url: ``protocol://bucket/prefix``.
         storage_options: passed to the filesystem (endpoint, credentials, ...).
-        retry, bandwidth, stats, concurrency: see :func:`stager.store.open_store`.
+        options: retry, bandwidth, stats and concurrency (see :class:`~stager.store.options.StoreOptions`).
     """
 
-    def __init__(
-        self,
-        url: str,
-        storage_options: Mapping[str, Any] | None = None,
-        *,
-        retry: RetryConfig | None = None,
-        bandwidth: BandwidthLimiter | None = None,
-        stats: OriginStats | None = None,
-        concurrency: int = 16,
-    ) -> None:
-        retry = retry or RetryConfig()
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
+                 options: StoreOptions = StoreOptions()) -> None:
+        concurrency = options.concurrency
         protocol, _ = split_protocol(url)
         self.protocol = protocol or "file"
         self._options = dict(storage_options or {})
         if self.protocol in S3_PROTOCOLS:
-            self._options = s3fs_options(self._options, retry, concurrency)
+            self._options = s3fs_options(self._options, options.retry_config, concurrency)
         self._fs: fsspec.AbstractFileSystem | None = None
         self._async = self._filesystem_is_async()
         self.root = self._strip_protocol(url)
         self._url = f"{self.protocol}://{self.root}"
-        self.stats = stats if stats is not None else OriginStats()
-        self.retry = RetryPolicy(retry, stats=self.stats, concurrency=concurrency)
-        self.bandwidth = bandwidth
+        self.options = options
+        self.stats, self.retry, self.bandwidth = options.machinery()
         self._executor = (
             None if self._async else ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="stager-fsspec")
         )
@@ -171,25 +159,16 @@ class FsspecStore(Store):
 
     async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
         full = self._full(path)
-        validate_range(path, start, end)
-        what = f"{path} [{start}, {end})"
-        if start == end:
-            await self.info(path)  # still fail on a missing object
-            await run_check(check, b"")
-            return b""
 
-        async def attempt() -> bytes:
-            if self.bandwidth is not None:
-                await self.bandwidth.acquire(end - start)
+        async def get(what: str) -> bytes:
             with translated(what):
                 data = await self._call("cat_file", full, start=start, end=end)
             self.stats.bytes_read += len(data)
             if len(data) != end - start:
                 await self._short_body(path, what, len(data), end - start, end)
-            await run_check(check, data)
             return data
 
-        return await self.retry.run(attempt, what=what)
+        return await self._read_range_by(path, start, end, check, get)
 
     async def _short_body(self, path: str, what: str, got: int, expected: int, end: int) -> None:
         """Raise InvalidRange if the object ends before ``end``, else TransientOriginError."""
@@ -201,19 +180,11 @@ class FsspecStore(Store):
 
     async def read(self, path: str) -> bytes:
         full = self._full(path)
-
-        async def attempt() -> bytes:
-            with translated(path):
-                data = await self._call("cat_file", full)
-            self.stats.bytes_read += len(data)
-            return data
-
-        return await self.retry.run(attempt, what=path)
+        return await self._read_counted(path, lambda: self._call("cat_file", full))
 
     async def write(self, path: str, data: bytes) -> None:
         full = self._full(path)
-        if self.bandwidth is not None:
-            await self.bandwidth.acquire(len(data))
+        await self._pace(len(data))
         await self._run("pipe_file", full, data, what=path)
         self.stats.bytes_written += len(data)
 
@@ -273,8 +244,7 @@ class SpooledUpload(Upload):
         size = self._ledger.total()
         await asyncio.to_thread(os.truncate, self._spool, size)
         store = self._store
-        if store.bandwidth is not None:
-            await store.bandwidth.acquire(size)
+        await store._pace(size)
         try:
             await store._run("put_file", self._spool, self._full, what=self._path)
             store.stats.bytes_written += size

@@ -64,34 +64,15 @@ async def _good_answer(session: WireSession, url: str, headers: Mapping[str, str
             yield resp
 
 
-async def fetch_range(
-    session: WireSession,
-    url: str,
-    headers: Mapping[str, str],
-    start: int,
-    end: int,
-    what: str,
-    stats: OriginStats,
-    *,
-    allow_redirects: bool = False,
-) -> bytes:
+async def fetch_range(session: WireSession, url: str, headers: Mapping[str, str], start: int, end: int, what: str,
+                      stats: OriginStats, *, allow_redirects: bool = False) -> bytes:
     """One GET of ``[start, end)`` (``headers`` must carry the Range); errors translated."""
     async with _good_answer(session, url, headers, what, allow_redirects) as resp:
         return await read_range_body(resp, start, end, what, stats)
 
 
-async def stream_range(
-    session: WireSession,
-    url: str,
-    headers: Mapping[str, str],
-    start: int,
-    end: int,
-    what: str,
-    stats: OriginStats,
-    sink: Callable[[], RangeSink],
-    *,
-    allow_redirects: bool = False,
-) -> None:
+async def stream_range(session: WireSession, url: str, headers: Mapping[str, str], start: int, end: int, what: str,
+                       stats: OriginStats, sink: Callable[[], RangeSink], *, allow_redirects: bool = False) -> None:
     """One GET of ``[start, end)`` streamed into a new ``sink()`` as it arrives; errors translated.
 
     The sink is opened once the answer's status is known good, and aborted if

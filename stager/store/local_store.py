@@ -20,13 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
 
-from ..config import RetryConfig
+from ..diskio import fsync_dir, pread_upto
 from ..errors import ShardNotFound, TransientOriginError
-from .bandwidth import BandwidthLimiter
 from .base import Check, InvalidRange, ObjectInfo, Store, Upload, run_check, validate_path, validate_range
 from .parts import PartLedger
-from .retry import RetryPolicy
-from .stats import OriginStats
+from .options import StoreOptions
 from .translate import translated
 
 T = TypeVar("T")
@@ -50,29 +48,17 @@ class LocalStore(Store):
 
     Args:
         root: a directory path or ``file://`` URL; it need not exist before the first write.
-        retry: retry settings (default :class:`~stager.config.RetryConfig`).
-        bandwidth: an optional limiter shared by all reads and writes.
-        stats: counters to update.
-        concurrency: threads doing file I/O.
+        options: retry, bandwidth, stats and concurrency (the threads doing file I/O; see
+            :class:`~stager.store.options.StoreOptions`).
         durable: fsync files and directories on write (turn off only in tests).
     """
 
-    def __init__(
-        self,
-        root: str,
-        *,
-        retry: RetryConfig | None = None,
-        bandwidth: BandwidthLimiter | None = None,
-        stats: OriginStats | None = None,
-        concurrency: int = 16,
-        durable: bool = True,
-    ) -> None:
+    def __init__(self, root: str, *, options: StoreOptions = StoreOptions(), durable: bool = True) -> None:
         self.root = path_from_url(root)
-        self.stats = stats if stats is not None else OriginStats()
-        self.retry = RetryPolicy(retry, stats=self.stats, concurrency=concurrency)
-        self.bandwidth = bandwidth
+        self.options = options
+        self.stats, self.retry, self.bandwidth = options.machinery()
         self.durable = durable
-        self._executor = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="stager-local")
+        self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="stager-local")
 
     @property
     def url(self) -> str:
@@ -114,8 +100,7 @@ class LocalStore(Store):
         what = f"{path} [{start}, {end})"
 
         async def attempt() -> bytes:
-            if self.bandwidth is not None:
-                await self.bandwidth.acquire(end - start)
+            await self._pace(end - start)
             with translated(what):
                 data = await self._io(_pread, full, start, end, what)
             self.stats.bytes_read += len(data)
@@ -128,19 +113,11 @@ class LocalStore(Store):
 
     async def read(self, path: str) -> bytes:
         full = self._full(path)
-
-        async def attempt() -> bytes:
-            with translated(path):
-                data = await self._io(_read_all, full, path)
-            self.stats.bytes_read += len(data)
-            return data
-
-        return await self.retry.run(attempt, what=path)
+        return await self._read_counted(path, lambda: self._io(_read_all, full, path))
 
     async def write(self, path: str, data: bytes) -> None:
         full = self._full(path)
-        if self.bandwidth is not None:
-            await self.bandwidth.acquire(len(data))
+        await self._pace(len(data))
         await self._run(_write_atomic, full, data, self.durable, what=path)
         self.stats.bytes_written += len(data)
 
@@ -174,12 +151,9 @@ class LocalUpload(Upload):
     """Parts written at their offsets into one temporary file, renamed into place on complete."""
 
     def __init__(self, store: LocalStore, path: str, full: str, tmp: str, fd: int, ledger: PartLedger) -> None:
-        self._store = store
-        self._path = path
-        self._full = full
-        self._tmp = tmp
+        self._store, self._path, self._ledger = store, path, ledger
+        self._full, self._tmp = full, tmp  # the destination, and the temporary file its parts go into
         self._fd: int | None = fd
-        self._ledger = ledger
 
     @property
     def token(self) -> str | None:
@@ -194,8 +168,7 @@ class LocalUpload(Upload):
         fd = self._open_fd()
         offset = self._ledger.add(part_number, len(data))
         store = self._store
-        if store.bandwidth is not None:
-            await store.bandwidth.acquire(len(data))
+        await store._pace(len(data))
         await store._run(_pwrite_all, fd, data, offset, what=f"{self._path} part {part_number}")
         store.stats.bytes_written += len(data)
 
@@ -302,33 +275,15 @@ def _pread(full: str, start: int, end: int, what: str) -> bytes:
     try:
         if end > size:
             raise InvalidRange(f"{what}: past the end of the file ({size} bytes)")
-        return _pread_fd(fd, start, end - start)
+        return pread_upto(fd, end - start, start)
     finally:
         os.close(fd)
-
-
-def _pread_fd(fd: int, offset: int, n: int) -> bytes:
-    if n == 0:
-        return b""
-    data = os.pread(fd, n, offset)
-    if len(data) == n or not data:
-        return data
-    # Short read (>2 GiB, or a file shrinking under us): collect the rest, bounded by n.
-    chunks = [data]
-    got = len(data)
-    while got < n:
-        chunk = os.pread(fd, n - got, offset + got)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
 
 
 def _read_all(full: str, what: str) -> bytes:
     fd, size = _open_regular(full, what)
     try:
-        return _pread_fd(fd, 0, size)
+        return pread_upto(fd, size, 0)
     finally:
         os.close(fd)
 
@@ -353,12 +308,6 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         offset += n
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _commit_temp(fd: int, tmp: str, full: str, size: int | None, durable: bool) -> None:
@@ -376,7 +325,7 @@ def _commit_temp(fd: int, tmp: str, full: str, size: int | None, durable: bool) 
         _unlink_quiet(tmp)
         raise
     if durable:
-        _fsync_dir(os.path.dirname(full))
+        fsync_dir(os.path.dirname(full))
 
 
 def _write_atomic(full: str, data: bytes, durable: bool) -> None:

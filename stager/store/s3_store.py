@@ -38,20 +38,18 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Mapping
 from urllib.parse import quote, urlsplit
 
 
-from ..config import RetryConfig
 from ..errors import AccessDenied, ConfigError, ShardNotFound, TransientOriginError
-from .bandwidth import BandwidthLimiter
-from .base import Check, ObjectInfo, RangeSink, Upload, run_check, validate_range
+from .base import ObjectInfo, Upload
 from .fsspec_store import FsspecStore, vouched_md5
-from .http_client import error_from_response, fetch_all, fetch_range, last_modified, new_session, stream_range
+from .http_client import error_from_response, last_modified
 from .parts import PartLedger
+from .signed_http import SignedHttpStore
 from . import sigv4
-from .range_body import range_header
-from .stats import OriginStats
+from .options import StoreOptions
 from .translate import translated
 from .wire import WireSession
 
@@ -61,31 +59,23 @@ MAX_PUT = 5 * 2**30
 logger = logging.getLogger(__name__)
 
 
-class S3Store(FsspecStore):
+class S3Store(SignedHttpStore, FsspecStore):
     """A :class:`~stager.store.base.Store` over ``s3://bucket/prefix``.
+
+    Reads are the HTTP family's (:mod:`stager.store.signed_http`), signed with SigV4; the rest goes
+    through s3fs (:class:`~stager.store.fsspec_store.FsspecStore`).
 
     Args:
         url: ``s3://bucket[/prefix]``.
         storage_options: s3fs options (``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ...).
-        retry, bandwidth, stats, concurrency: see :func:`stager.store.open_store`.
+        options: retry, bandwidth, stats and concurrency (see :class:`~stager.store.options.StoreOptions`).
     """
 
-    def __init__(
-        self,
-        url: str,
-        storage_options: Mapping[str, Any] | None = None,
-        *,
-        retry: RetryConfig | None = None,
-        bandwidth: BandwidthLimiter | None = None,
-        stats: OriginStats | None = None,
-        concurrency: int = 16,
-    ) -> None:
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
+                 options: StoreOptions = StoreOptions()) -> None:
         self._direct = _direct_settings(storage_options or {})
-        super().__init__(
-            url, storage_options, retry=retry, bandwidth=bandwidth, stats=stats, concurrency=concurrency
-        )
-        self._concurrency = concurrency
-        self._session: WireSession | None = None
+        FsspecStore.__init__(self, url, storage_options, options=options)
+        self._wire(options.concurrency)
         self._signer: _Signer | None = None
         self._connect_lock = asyncio.Lock()
         self._models_loaded = False
@@ -152,48 +142,10 @@ class S3Store(FsspecStore):
                         self._signer = await _Signer.create(self.fs, client)
         return self._signer
 
-    @property
-    def session(self) -> WireSession:
-        if self._session is None:
-            self._session = new_session(self._concurrency)
-        return self._session
-
-    async def read_range(self, path: str, start: int, end: int, *, check: Check | None = None) -> bytes:
+    async def _sign(self, method: str, path: str, headers: dict[str, str]) -> tuple[str, Mapping[str, str]]:
         bucket, key = self._bucket_key(path)
-        validate_range(path, start, end)
-        what = f"{path} [{start}, {end})"
-        if start == end:
-            await self.info(path)
-            await run_check(check, b"")
-            return b""
-
-        async def attempt() -> bytes:
-            if self.bandwidth is not None:
-                await self.bandwidth.acquire(end - start)
-            signer = await self._get_signer()
-            url, headers = await signer.sign("GET", bucket, key, {"Range": range_header(start, end)})
-            data = await fetch_range(self.session, url, headers, start, end, what, self.stats)
-            await run_check(check, data)
-            return data
-
-        return await self.retry.run(attempt, what=what)
-
-    async def read_range_into(self, path: str, start: int, end: int, open_sink: Callable[[], RangeSink]) -> None:
-        bucket, key = self._bucket_key(path)
-        validate_range(path, start, end)
-        if start == end:
-            await super().read_range_into(path, start, end, open_sink)
-            return
-        what = f"{path} [{start}, {end})"
-
-        async def attempt() -> None:
-            if self.bandwidth is not None:
-                await self.bandwidth.acquire(end - start)
-            signer = await self._get_signer()
-            url, headers = await signer.sign("GET", bucket, key, {"Range": range_header(start, end)})
-            await stream_range(self.session, url, headers, start, end, what, self.stats, open_sink)
-
-        await self.retry.run(attempt, what=what)
+        signer = await self._get_signer()
+        return await signer.sign(method, bucket, key, headers)
 
     async def info(self, path: str) -> ObjectInfo:
         bucket, key = self._bucket_key(path)
@@ -212,16 +164,6 @@ class S3Store(FsspecStore):
 
         return await self.retry.run(attempt, what=path)
 
-    async def read(self, path: str) -> bytes:
-        bucket, key = self._bucket_key(path)
-
-        async def attempt() -> bytes:
-            signer = await self._get_signer()
-            url, headers = await signer.sign("GET", bucket, key, {})
-            return await fetch_all(self.session, url, headers, path, self.stats)
-
-        return await self.retry.run(attempt, what=path)
-
     def _bucket_key(self, path: str) -> tuple[str, str]:
         bucket, _, key = self._full(path).partition("/")
         return bucket, key
@@ -232,8 +174,7 @@ class S3Store(FsspecStore):
         bucket, key = self._bucket_key(path)
 
         async def attempt() -> None:
-            if self.bandwidth is not None:
-                await self.bandwidth.acquire(len(data))
+            await self._pace(len(data))
             signer = await self._get_signer()
             url, headers = await signer.sign("PUT", bucket, key, {}, unsigned_payload=True)
             await _put(self.session, url, headers, data, path)
@@ -312,9 +253,7 @@ class S3Store(FsspecStore):
         return bucket, key.strip("/")
 
     async def close(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        await self._close_session()
         await super().close()
 
 
@@ -357,8 +296,7 @@ class S3Upload(Upload):
         query = f"partNumber={part_number}&uploadId={quote(upload_id, safe='')}"
 
         async def attempt() -> str:
-            if store.bandwidth is not None:
-                await store.bandwidth.acquire(len(data))
+            await store._pace(len(data))
             signer = await store._get_signer()
             url, headers = await signer.sign("PUT", self._bucket, self._key, {}, query=query, unsigned_payload=True)
             etag = await _put(store.session, url, headers, data, what)

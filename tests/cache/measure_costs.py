@@ -165,7 +165,7 @@ def measure_scale(root: Path, n: int) -> None:
         t0 = time.perf_counter()
         for d in digests[:10000]:
             tier.touch(d)
-        tier._flush_touches()
+        tier._access.flush()
         print(f"touch: {(time.perf_counter() - t0) / 10000 * 1e6:.1f} us per call (buffered, incl. flush)")
         t0, c0 = time.perf_counter(), time.thread_time()
         for d in digests[:10000]:

@@ -130,7 +130,7 @@ def test_a_filesystem_refusing_direct_writes_gets_buffered_writes(tmp_path, monk
 
     monkeypatch.setattr(os, "pwritev", refuse)
     with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 * MiB)) as tier:
-        with caplog.at_level("INFO", logger="stager.cache.tier"):
+        with caplog.at_level("INFO", logger="stager.cache.blob_files"):
             path = fill(tier, blob, durable=False)
         assert path.read_bytes() == blob.data
         assert tier.state(blob.digest) is BlobState.COMPLETE

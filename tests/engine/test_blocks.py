@@ -15,7 +15,7 @@ import pytest
 from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from stager.engine import Engine
-from stager.engine.fetcher import IDLE_RELEASE
+from stager.engine.job import IDLE_RELEASE
 from stager.errors import CacheError, OriginUnavailable
 from stager.session import EmbeddedSession
 from stager.loopback.fault_plan import FaultPlan
@@ -138,7 +138,7 @@ async def test_a_job_that_served_blocks_releases_the_blob_lock_when_idle(http_or
                 assert time.monotonic() < deadline, "the blob lock was never released"
                 await asyncio.sleep(0.05)
             lock.release()
-            assert not engine._jobs
+            assert not engine.context.jobs
             assert cache.state(ref.digest) is BlobState.PARTIAL
             await asyncio.wait_for(engine.ensure(ref), 10)  # a new job resumes the partial blob
             assert cache.complete_path(ref.digest).read_bytes() == (root / ref.path).read_bytes()

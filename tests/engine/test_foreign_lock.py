@@ -10,7 +10,8 @@ import pytest
 
 from stager.cache import BlobLock, CacheTier
 from stager.config import CacheConfig, FetchConfig, SourceConfig
-from stager.engine import Engine, fetcher
+from stager.engine import Engine
+from stager.engine import job as blob_job
 
 from .corpus import make_corpus
 
@@ -31,7 +32,7 @@ def lock_is_free(cache: CacheTier, digest: str, within: float) -> bool:
 
 def test_an_engine_closed_while_waiting_for_a_lock_does_not_keep_it(tmp_path, monkeypatch):
     # Each try on the other holder's lock lasts long enough to be under way when the engine closes.
-    monkeypatch.setattr(fetcher, "FOREIGN_LOCK_POLL", 5.0)
+    monkeypatch.setattr(blob_job, "FOREIGN_LOCK_POLL", 5.0)
     taken_in_thread = threading.Event()  # an engine's thread took a blob lock
     acquire = BlobLock.acquire
 

@@ -18,6 +18,7 @@ from stager.errors import (
 )
 from stager.store.base import InvalidRange, UnsupportedOperation
 from stager.store.http_store import HttpStore
+from stager.store.options import StoreOptions
 from stager.store.range_body import parse_content_range
 
 from .scripted_http import ScriptedOrigin, s3_error, status
@@ -37,7 +38,7 @@ async def origin():
 
 @pytest.fixture
 async def store(origin: ScriptedOrigin):
-    s = HttpStore(origin.url + "/", retry=FAST_RETRY, concurrency=4)
+    s = HttpStore(origin.url + "/", options=StoreOptions(retry=FAST_RETRY, concurrency=4))
     try:
         yield s
     finally:
@@ -137,7 +138,7 @@ async def test_always_corrupt_is_origin_changed(store: HttpStore, origin: Script
 async def test_throttling_and_server_errors_are_retried(origin: ScriptedOrigin):
     origin.script = [s3_error(503, "SlowDown", Retry_After="0"), status(500), status(502), status(429)]
     config = RetryConfig(attempts=5, backoff_base=0.001, backoff_max=0.01, deadline=30.0, request_timeout=10.0)
-    async with HttpStore(origin.url, retry=config) as s:
+    async with HttpStore(origin.url, options=StoreOptions(retry=config)) as s:
         assert await s.read_range("d/x.bin", 0, 10) == DATA[:10]
         assert (s.stats.throttled, s.stats.transient, s.stats.retries) == (2, 2, 4)
 
@@ -157,7 +158,7 @@ async def test_not_found_and_denied_fail_fast(store: HttpStore, origin: Scripted
 async def test_origin_that_stays_down_gives_up_within_the_deadline(origin: ScriptedOrigin):
     config = RetryConfig(attempts=100, backoff_base=0.01, backoff_max=0.05, deadline=0.5, request_timeout=0.2)
     origin.script = [status(503)] * 10_000
-    async with HttpStore(origin.url, retry=config) as s:
+    async with HttpStore(origin.url, options=StoreOptions(retry=config)) as s:
         with pytest.raises(OriginUnavailable, match="d/x.bin"):
             await s.read_range("d/x.bin", 0, 10)
 
@@ -165,7 +166,7 @@ async def test_origin_that_stays_down_gives_up_within_the_deadline(origin: Scrip
 async def test_hanging_origin_times_out_per_attempt(origin: ScriptedOrigin):
     config = RetryConfig(attempts=10, backoff_base=0.001, backoff_max=0.001, deadline=30.0, request_timeout=0.5)
     origin.script = ["hang"]
-    async with HttpStore(origin.url, retry=config) as s:
+    async with HttpStore(origin.url, options=StoreOptions(retry=config)) as s:
         assert await s.read_range("d/x.bin", 0, 10) == DATA[:10]
         assert s.stats.transient >= 1
 
@@ -175,7 +176,7 @@ async def test_refused_connection_is_transient():
     url = origin.url
     await origin.stop()
     config = RetryConfig(attempts=2, backoff_base=0.001, backoff_max=0.001, deadline=2.0, request_timeout=1.0)
-    async with HttpStore(url, retry=config) as s:
+    async with HttpStore(url, options=StoreOptions(retry=config)) as s:
         with pytest.raises(OriginUnavailable):
             await s.read_range("x", 0, 1)
         assert s.stats.transient == 2
@@ -190,7 +191,8 @@ async def test_read_only_and_no_listing(store: HttpStore):
 
 
 async def test_headers_option_is_sent_and_unknown_options_refused(origin: ScriptedOrigin):
-    async with HttpStore(origin.url, {"headers": {"Authorization": "Bearer t"}}, retry=FAST_RETRY) as s:
+    async with HttpStore(origin.url, {"headers": {"Authorization": "Bearer t"}},
+                         options=StoreOptions(retry=FAST_RETRY)) as s:
         await s.read_range("d/x.bin", 0, 1)
     assert origin.seen[-1].headers["authorization"] == "Bearer t"
     with pytest.raises(ConfigError):

@@ -15,13 +15,14 @@ from stager.errors import CorruptData, OriginChanged, OriginUnavailable, ShardNo
 from stager.store import local_store
 from stager.store.base import InvalidPath, InvalidRange
 from stager.store.local_store import TMP_MARKER, LocalStore, path_from_url
+from stager.store.options import StoreOptions
 
 FAST_RETRY = RetryConfig(attempts=4, backoff_base=0.001, backoff_max=0.01, deadline=5.0, request_timeout=5.0)
 
 
 @pytest.fixture
 async def store(tmp_path: Path):
-    s = LocalStore(str(tmp_path / "root"), retry=FAST_RETRY, concurrency=4)
+    s = LocalStore(str(tmp_path / "root"), options=StoreOptions(retry=FAST_RETRY, concurrency=4))
     try:
         yield s
     finally:
@@ -53,7 +54,7 @@ async def test_list_is_recursive_sorted_relative_and_hides_temp_files(store: Loc
 
 
 async def test_list_of_a_missing_root_is_not_found(tmp_path: Path):
-    async with LocalStore(str(tmp_path / "nope"), retry=FAST_RETRY) as s:
+    async with LocalStore(str(tmp_path / "nope"), options=StoreOptions(retry=FAST_RETRY)) as s:
         with pytest.raises(ShardNotFound):
             await s.list()
 

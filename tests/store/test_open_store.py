@@ -16,7 +16,8 @@ from stager.store import S3Store
 def test_public_surface_is_pinned():
     assert sorted(store_pkg.__all__) == [
         "BandwidthLimiter", "Check", "FsspecStore", "HttpStore", "InvalidPath", "InvalidRange", "LocalStore",
-        "ObjectInfo", "OriginStats", "RangeSink", "RetryPolicy", "S3Store", "Store", "UnsupportedOperation", "Upload", "open_store",
+        "ObjectInfo", "OriginStats", "RangeSink", "RetryPolicy", "S3Store", "Store", "StoreOptions", "UnsupportedOperation", "Upload",
+        "open_store",
         "validate_path",
     ]
     for name in store_pkg.__all__:

@@ -1,0 +1,77 @@
+"""Where a blob's bytes come from: the blob-source seam (the origin today, a peer node beside it).
+
+A :class:`BlobSource` reads a byte range of one blob, either streamed into a
+sink per attempt (the contract of :meth:`~stager.store.Store.read_range_into`,
+whose sink verifies each block against the manifest) or into memory (for the
+hedge). :class:`BlobSources` names, for each blob, the sources to try, best
+first; the last is always the origin (:class:`OriginSource`: the dataset's
+store, exactly as the engine read it before sources existed). The engine
+moves to the next source for the blocks still unverified when one raises
+:class:`~stager.errors.BlobSourceError`, times out, or sends bytes that fail
+verification more than ``corrupt_budget`` times; the origin keeps its store's
+retry policy and errors.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+
+from ..store import Check, RangeSink
+
+if TYPE_CHECKING:
+    from .dataset import BlobRef
+
+ORIGIN = "origin"  # the kind of the origin source
+PEER = "peer"  # the kind of every other source, unless it says otherwise
+
+
+class BlobSource(abc.ABC):
+    """One place the bytes of a blob's blocks can come from: the origin today, a peer node next."""
+
+    name: str = PEER  # for stats and logs, e.g. "origin", "peer 127.0.0.2:7070"
+    kind: str = PEER  # what its bytes and failures are counted under (EngineStats)
+    #: Attempts whose bytes fail verification that the engine lets pass before it skips the source.
+    corrupt_budget: int = 1
+    #: Seconds a read of a span may take before the engine skips the source; None: no limit of the engine's.
+    timeout: float | None = None
+
+    @abc.abstractmethod
+    async def read_into(self, ref: "BlobRef", start: int, end: int, open_sink: Callable[[], RangeSink]) -> None:
+        """Bytes [start, end) of blob `ref`, streamed into a new sink per attempt (the contract of
+        Store.read_range_into: sink.close() may raise CorruptData, which fails the attempt)."""
+
+    @abc.abstractmethod
+    async def read(self, ref: "BlobRef", start: int, end: int, *, check: Check | None = None) -> bytes:
+        """The same bytes in memory (used by the hedge)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class OriginSource(BlobSource):
+    """The blob's own dataset store (``ref.dataset.store`` at ``ref.path``), under its retry policy."""
+
+    name = ORIGIN
+    kind = ORIGIN
+
+    async def read_into(self, ref: "BlobRef", start: int, end: int, open_sink: Callable[[], RangeSink]) -> None:
+        await ref.dataset.store.read_range_into(ref.path, start, end, open_sink)
+
+    async def read(self, ref: "BlobRef", start: int, end: int, *, check: Check | None = None) -> bytes:
+        return await ref.dataset.store.read_range(ref.path, start, end, check=check)
+
+
+class BlobSources(Protocol):
+    def for_blob(self, ref: "BlobRef") -> Sequence[BlobSource]:
+        """The sources to try for this blob, best first; the last is always the origin."""
+
+
+class OriginOnly:
+    """Every blob from its origin alone (the engine's default)."""
+
+    def __init__(self) -> None:
+        self._sources = (OriginSource(),)
+
+    def for_blob(self, ref: "BlobRef") -> Sequence[BlobSource]:
+        return self._sources

@@ -1,0 +1,171 @@
+"""Span writing: a request's body into its place in the partial file as it arrives, block by block.
+
+Each attempt at a span gets a :class:`SpanWriter` (a :class:`~stager.store.RangeSink`):
+the bytes go out in batched ``pwritev`` calls on the disk threads, a few
+batches in flight, so memory stays small whatever the sizes; each block is
+hashed on the way and checked at its end. A block that matches the manifest
+is recorded as verified at once and its waiters served while the rest of the
+request arrives; one that does not fails the attempt, which the source's
+retry loop repeats (blocks recorded before it are kept and not written again;
+the bytes of the failed attempt count for nothing and are written over once
+its writes have ended). :func:`write_held` settles a hedge that won: its
+bytes, held in memory, go over the blocks the first request did not record,
+after that request's writes have ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import xxhash
+
+from ..aio import to_the_end
+from ..cache.direct import ALIGN as DIRECT_ALIGN
+from ..cache.fileio import cut_views
+from ..errors import CorruptData
+from ..hashing import block_range
+from ..store import RangeSink
+
+if TYPE_CHECKING:
+    from ..cache import PartialBlob
+    from .dataset import BlobRef
+    from .disk_threads import DiskThreads
+
+#: Bytes of a streaming request gathered (within one block) before they go to a disk thread in one pwritev.
+WRITE_BATCH = 1 << 20
+#: Batches of one request on their way to the disk at once; the next chunk waits for room.
+WRITES_IN_FLIGHT = 2
+
+
+class SpanWriter(RangeSink):
+    """One attempt at a span: written into the partial file as it arrives, each block hashed on the way.
+
+    At the end of each block its digest is checked (a mismatch fails the
+    attempt, to be retried) and, once its writes are on disk, it is recorded
+    as verified and its waiters served, while the rest of the span streams on.
+    Blocks already verified (by an earlier attempt) are neither hashed nor
+    written again. Memory held is about ``WRITE_BATCH * (WRITES_IN_FLIGHT + 1)``
+    whatever the span's size. Every write and record this attempt started has
+    ended by the time :meth:`close` or :meth:`abort` returns, so a retry or a
+    hedge never races an old write.
+    """
+
+    def __init__(self, disk: "DiskThreads", partial: "PartialBlob", ref: "BlobRef", first: int, last: int, *,
+                 durable: bool, corrupt: Callable[[int], CorruptData], verified: Callable[[int, int], None]) -> None:
+        self._disk, self._durable = disk, durable
+        self._partial, self._ref, self._last = partial, ref, last
+        self._corrupt, self._verified = corrupt, verified  # what a bad block raises; what a recorded one tells
+        self._writes: deque[asyncio.Future[None]] = deque()  # every write in flight, oldest first
+        self._finishing: list[asyncio.Future[None]] = []  # blocks being recorded
+        self._batch: list[memoryview] = []
+        self._batch_bytes = 0
+        self._start_block(first)
+
+    def _start_block(self, index: int) -> None:
+        self._index = index
+        self._block_start, self._block_end = block_range(index, self._ref.size, self._ref.block_size)
+        self._offset = self._block_start  # where the next byte goes
+        self._batch_at = self._block_start
+        self._skip = index in self._partial.verified
+        self._hasher = xxhash.xxh3_64()
+        self._block_writes: list[asyncio.Future[None]] = []
+
+    async def write(self, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        while len(view):
+            if self._index > self._last:
+                raise CorruptData(f"{self._ref.path}: a body longer than its range")
+            take = min(len(view), self._block_end - self._offset)
+            if not self._skip:
+                piece = view[:take]
+                self._hasher.update(piece)
+                self._batch.append(piece)
+                self._batch_bytes += take
+            self._offset += take
+            view = view[take:]
+            if self._offset == self._block_end:
+                self._end_block()
+            elif self._batch_bytes >= WRITE_BATCH:
+                self._send_batch(keep_partial_page=True)
+            while len(self._writes) > WRITES_IN_FLIGHT:
+                if self._writes[0].done():
+                    self._writes.popleft().result()  # its error (disk full) ends the attempt
+                else:
+                    await asyncio.shield(self._writes[0])
+
+    def _send_batch(self, keep_partial_page: bool = False) -> None:
+        """Write the batch; inside a block, the bytes past its last page boundary wait for the next
+        batch (a batch then ends on a page boundary, so all its pages may go ``O_DIRECT``)."""
+        batch, nbytes, rest = self._batch, self._batch_bytes, []
+        if keep_partial_page:
+            keep = (self._batch_at + nbytes) % DIRECT_ALIGN
+            if keep < nbytes:
+                batch, rest = cut_views(batch, nbytes - keep)
+                nbytes -= keep
+        if batch:
+            write = self._disk.start(
+                self._partial.write_into_block, self._index, self._batch_at, batch)
+            self._writes.append(write)
+            self._block_writes.append(write)
+            self._batch_at += nbytes
+            self._batch = rest
+            self._batch_bytes -= nbytes
+
+    def _end_block(self) -> None:
+        index = self._index
+        if not self._skip:
+            if self._hasher.intdigest() != self._ref.blocks[index]:
+                raise self._corrupt(index)
+            nbytes = self._block_end - self._block_start
+            if not self._block_writes:  # the whole block in one batch: write and record it in one go
+                done = self._disk.start(
+                    self._partial.write_verified, index, self._batch_at, self._batch, durable=self._durable)
+                done.add_done_callback(lambda f: f.cancelled() or f.exception() or self._verified(index, nbytes))
+                self._writes.append(done)
+                self._batch = []
+                self._batch_bytes = 0
+            else:
+                self._send_batch()
+                self._finishing.append(asyncio.ensure_future(self._record(index, self._block_writes, nbytes)))
+        if index < self._last:
+            self._start_block(index + 1)
+        else:
+            self._index = index + 1
+
+    async def _record(self, index: int, writes: list[asyncio.Future[None]], nbytes: int) -> None:
+        for write in writes:
+            await asyncio.shield(write)
+        await to_the_end(
+            self._disk.start(self._partial.mark_verified, index, durable=self._durable))
+        self._verified(index, nbytes)
+
+    async def close(self) -> None:
+        if self._index <= self._last:
+            raise CorruptData(f"{self._ref.path}: the body ended inside block {self._index}")
+        for future in [*self._writes, *self._finishing]:
+            await asyncio.shield(future)
+
+    async def abort(self) -> None:
+        self._batch = []
+        pending = [*self._writes, *self._finishing]
+        if pending:
+            await asyncio.wait(pending)  # threads cannot be stopped: let them end
+            for future in pending:
+                if not future.cancelled():
+                    future.exception()  # retrieved: the attempt's own error is what counts
+
+
+async def write_held(disk: "DiskThreads", partial: "PartialBlob", ref: "BlobRef", indexes: Iterable[int], start: int,
+                     data: bytes, *, durable: bool, verified: Callable[[int, int], None]) -> None:
+    """Write and record the blocks ``indexes`` of ``data`` (bytes from ``start`` of the blob, already
+    verified) that the partial file does not hold yet; each write ends even if the caller is cancelled."""
+    view = memoryview(data)
+    for index in indexes:
+        if index in partial.verified:
+            continue
+        first, last = block_range(index, ref.size, ref.block_size)
+        await to_the_end(disk.start(partial.write_into_block, index, first, [view[first - start:last - start]]))
+        await to_the_end(disk.start(partial.mark_verified, index, durable=durable))
+        verified(index, last - first)
