@@ -35,8 +35,11 @@ the standard library can still catch it (``except FileNotFoundError``)::
     ├── ReplicationBusy (BlockingIOError)   another process runs the same replication shard
     ├── JournalError (OSError)              replicate's journal database cannot be opened or written
     ├── MountError (OSError)                FUSE cannot work here, or the mount point cannot be used
-    └── BlobSourceError (ConnectionError)   one place a blob's bytes come from failed (the next is tried)
-        └── PeerError                       a peer node: down, too slow, refused, or sent bad bytes
+    ├── BlobSourceError (ConnectionError)   one place a blob's bytes come from failed (the next is tried)
+    │   └── PeerError                       a peer node: down, too slow, refused, or sent bad bytes
+    └── CheckpointError (OSError)           a checkpoint's staging, drain or stores
+        ├── StagingFull                     the staging directory has no room for a save, even after waiting
+        └── CheckpointIncomplete            no store holds a complete, verified copy of a checkpoint's file
 
 Outside the tree: :class:`S3ServerError` (a ``RuntimeError``, defined here
 too), raised by the test origins of ``stager.testing`` when the test harness
@@ -223,6 +226,22 @@ class PeerError(BlobSourceError):
         self.kind = kind
 
 
+class CheckpointError(StagerError, OSError):
+    """A checkpoint cannot be staged, drained, verified or loaded as asked."""
+
+
+class StagingFull(CheckpointError):
+    """A save needs more room than the staging directory has, and the drain did not free it in time.
+
+    Nothing is dropped to make room: only checkpoints already verified at every
+    store are removed from staging, oldest first.
+    """
+
+
+class CheckpointIncomplete(CheckpointError):
+    """A file of a checkpoint is missing or damaged at every store that should hold it."""
+
+
 class S3ServerError(RuntimeError):
     """A test origin (the rclone S3 server of ``stager.testing``) could not be started or refused an admin
     request. Not a :class:`StagerError`: it is the test harness failing, not stager."""
@@ -272,6 +291,8 @@ __all__ = [
     "CacheCorrupt",
     "CacheError",
     "CacheFull",
+    "CheckpointError",
+    "CheckpointIncomplete",
     "ConfigError",
     "ConsumerKeyMismatch",
     "CorruptData",
@@ -295,6 +316,7 @@ __all__ = [
     "S3ServerError",
     "ShardNotFound",
     "StagerError",
+    "StagingFull",
     "Throttled",
     "TransientOriginError",
     "UnknownPlan",

@@ -46,6 +46,7 @@ CONFIG_META = "stager.config_file"
 #: imports) is loaded only when that command runs or help lists it, so a short command
 #: does not pay for every other one's start-up.
 COMMAND_MODULES = {
+    "checkpoints": "checkpoints",
     "demo": "demo",
     "index": "index",
     "mount": "mount",

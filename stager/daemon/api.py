@@ -86,6 +86,9 @@ def build_app(daemon: "Daemon") -> web.Application:
     r.add_post(f"{API}/pin", pin)
     r.add_post(f"{API}/unpin", unpin)
     r.add_post(f"{API}/evict", evict)
+    from ..checkpoint.daemon_hook import drain_route  # the checkpoint drain queue (stager/checkpoint)
+
+    r.add_post(f"{API}/checkpoints/drain", drain_route)
     return app
 
 

@@ -76,6 +76,10 @@ class Daemon:
         self.draining = False
         self.stopping = asyncio.Event()
         self.metrics = DaemonMetrics()
+        from ..checkpoint.daemon_hook import DaemonDrains  # staging directories drained here when asked
+
+        self.checkpoint_drains = DaemonDrains()
+        self.metrics.registry.register(self.checkpoint_drains)
         self.metrics_port: int | None = None
         self._owner = SocketOwner(config.socket, config.socket_group)
         self._cache: CacheTier | None = None

@@ -103,6 +103,8 @@ CASES = {
     "no-manifest-check": (["index", "--check", "{empty}"], {}, "no manifest"),
     "bad-manifest": (["stage", "{bad_manifest}", "--cache", "{cache}"], {}, MANIFEST_PATH),
     "bad-manifest-check": (["index", "--check", "{bad_manifest}"], {}, MANIFEST_PATH),
+    "checkpoints-keep-last": (["checkpoints", "prune", "{dst}", "--keep-last", "0"], {}, "--keep-last"),
+    "checkpoints-no-manifest": (["checkpoints", "verify", "{empty}"], {}, "no good checkpoint manifest"),
     "unknown-protocol": (["stage", "nosuch://bucket/x", "--cache", "{cache}"], {}, "nosuch://"),
     "local-with-options": (["stage", "{corpus}", "--cache", "{cache}", "-o", "a=b"], {}, "storage options"),
     "origin-refused": (["stage", "{closed_url}", "--cache", "{cache}", "--retry-deadline", "0.5"], {},
