@@ -258,10 +258,6 @@ class FirstRequests:
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def reset(self) -> None:
-        self.first = self.first_marked = None
-        self.seen.clear()
-
     def _accept(self) -> None:
         while True:
             try:
@@ -296,21 +292,32 @@ class FirstRequests:
         self._listener.close()
 
 
-def startup(server: S3Server, work: Path, manifest, rounds: int) -> None:
-    """Exec to the first request, and to the first shard request, for stager stage and s5cmd (median of rounds)."""
-    host, port = server.endpoint_url.split("//", 1)[1].split(":")
-    relay = FirstRequests((host, int(port)), b"/corpus/shard-")
-    tools = [(name, argv, dest) for name, argv, dest in commands(relay.url, server, work, manifest, "startup")
-             if name in ("stager stage", "s5cmd cp")]
-    env = {**os.environ, **server.env(relay.url)}
-    figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, _, _ in tools}
-    try:
-        for r in range(rounds + 1):  # the first round is untimed (the disk's and the page cache's warm-up)
-            for name, argv, dest in tools:
-                relay.reset()
+def startup(server: S3Server, work: Path, manifest, rounds: int, latency: float) -> None:
+    """Exec to the first request, and to the first shard request, for stager stage and s5cmd (median of
+    rounds); with ``latency``, through a proxy that waits that long before each response."""
+    if latency:
+        with FaultProxy(server.endpoint_url, FaultPlan(latency_s=latency), credentials=server.credentials) as proxy:
+            return _startup(proxy.url, server, work, manifest, rounds, f"{latency * 1000:.0f} ms before each response")
+    return _startup(server.endpoint_url, server, work, manifest, rounds, "loopback")
+
+
+def _startup(upstream: str, server: S3Server, work: Path, manifest, rounds: int, origin: str) -> None:
+    host, port = upstream.split("//", 1)[1].split(":")
+    names = ("stager stage", "s5cmd cp")
+    figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in names}
+    for r in range(rounds + 1):  # the first round is untimed (the disk's and the page cache's warm-up)
+        for name in names:
+            # a relay of its own for each run: a killed run's connections still queued are not counted
+            relay = FirstRequests((host, int(port)), b"/corpus/shard-")
+            try:
+                tools = {n: (argv, dest) for n, argv, dest in commands(relay.url, server, work, manifest, "startup")}
+                if name not in tools:
+                    continue
+                argv, dest = tools[name]
                 os.sync()
                 began = time.time()
-                proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                proc = subprocess.Popen(argv, env={**os.environ, **server.env(relay.url)},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 relay.pid = proc.pid
                 relay.seen.wait(60)
                 proc.send_signal(signal.SIGKILL)
@@ -319,8 +326,9 @@ def startup(server: S3Server, work: Path, manifest, rounds: int) -> None:
                 if r and relay.first is not None and relay.first_marked is not None:
                     figures[name].append((relay.first - began, relay.first_marked - began, relay.cpu_first,
                                           relay.cpu_marked))
-    finally:
-        relay.close()
+            finally:
+                relay.close()
+    tools = [(n, argv, dest) for n, argv, dest in commands(upstream, server, work, manifest, "startup") if n in names]
     rows = []
     for name, argv, _ in tools:
         noted = figures[name]
@@ -328,7 +336,7 @@ def startup(server: S3Server, work: Path, manifest, rounds: int) -> None:
             rows.append([name, "-", "-", "-", "-"])
             continue
         rows.append([name, *(f"{sorted(n[k] for n in noted)[len(noted) // 2]:.3f}" for k in range(4))])
-    print(f"\n## start-up: exec to the origin's first request (median of {rounds}; load average "
+    print(f"\n## start-up: exec to the origin's first request ({origin}; median of {rounds}; load average "
           f"{os.getloadavg()[0]:.1f})\n")
     print(table(rows, ["tool", "start-up to first request s", "to first shard request s", "CPU s to first request",
                        "CPU s to first shard request"]))
@@ -354,6 +362,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tool per phase; the median is reported")
     parser.add_argument("--grid", action="store_true", help="run the origin-profile grid instead of the phases")
     parser.add_argument("--startup", action="store_true", help="measure only the start-up to the first request")
+    parser.add_argument("--latency", type=float, default=0.0, help="with --startup: seconds before each response")
     args = parser.parse_args()
     precompile_stager()
     work = Path(args.work or tempfile.mkdtemp(prefix="stager-bench-"))
@@ -361,7 +370,8 @@ def main() -> None:
     print(f"# stage benchmark: {shards} shards x {args.shard_mib} MiB from rclone serve s3 on loopback")
     print(f"machine: {machine()}")
     print(f"reproduce: .venv/bin/python benchmarks/stage.py --gib {args.gib} --shard-mib {args.shard_mib} "
-          f"--rounds {args.rounds}" + (" --grid" if args.grid else "") + (" --startup" if args.startup else ""))
+          f"--rounds {args.rounds}" + (" --grid" if args.grid else "") + (" --startup" if args.startup else "")
+          + (f" --latency {args.latency}" if args.latency else ""))
     manifest = generate_corpus(work / "s3" / "bench" / "corpus", shards=shards,
                                tokens_per_shard=args.shard_mib << 19, jitter=0.0, seed=1)
     nbytes = manifest.total_bytes
@@ -371,7 +381,7 @@ def main() -> None:
             grid(server, work, manifest, args.rounds)
             return
         if args.startup:
-            startup(server, work, manifest, args.rounds)
+            startup(server, work, manifest, args.rounds, args.latency)
             return
         runs(server.endpoint_url, server, work, manifest, "warm-up", 0)  # untimed: see runs()
         clean = medians([runs(server.endpoint_url, server, work, manifest, "clean", r) for r in range(args.rounds)])
