@@ -12,22 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
+import numpy as np
 
+from ..cache import BlobState, CacheTier
 from ..config import CacheConfig
 from ..errors import BlobTooLarge, CacheFull, DiskFull, StagerError
 from ..hashing import block_range
+from ..session import EmbeddedSession, RemoteSession, Session, open_session
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
-from .early_manifest import EarlyManifest
 from .options import POSITIVE_SIZE, Capacity, source_config, storage_option_flag
 from .progress import byte_progress, run_async
-
-if TYPE_CHECKING:
-    from ..cache import CacheTier
-    from ..session import Session
 
 
 @cli.command("stage")
@@ -54,13 +52,8 @@ def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str |
     """
     fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline)
     cache = cache_config(cache_dir, capacity, direct_writes)
-    src = source_config(source, storage_option)
-    # Asked for now, while the engine's modules (numpy, pyarrow, the cache) import: see early_manifest.py.
-    early = EarlyManifest(src, fetch.retry) if EarlyManifest.wanted(src) else None
-    from ..session import open_session
-
     session = open_session(cache, fetch, socket=socket_path, mode="embedded" if no_daemon else "auto")
-    summary = run_async(_stage(src, session, cache, limit, fetch.concurrency, early))
+    summary = run_async(_stage(source_config(source, storage_option), session, cache, limit, fetch.concurrency))
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
     else:
@@ -78,18 +71,12 @@ def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str |
                           f"(first: {summary['first_error']})")
 
 
-async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | None, concurrency: int,
-                 early: EarlyManifest | None = None) -> dict:
-    import numpy as np
-
-    from ..cache import BlobState
-    from ..session import EmbeddedSession
-
+async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | None, concurrency: int) -> dict:
     began = time.monotonic()
     async with session:
         cache, owned = _cache_of(session, cache_cfg)
         try:
-            dataset = await session.open_dataset(source, await early.manifest() if early is not None else None)
+            dataset = await session.open_dataset(source)
             capacity = await _capacity(session, cache)
             m = dataset.manifest
             sizes = m.sizes
@@ -108,7 +95,7 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
                                    f"{cache.configured_capacity:,}); stage a part with --limit or free space")
                 raise CacheFull(f"{dataset.url}: {total:,} bytes do not fit in the cache capacity {capacity:,}; "
                                 "stage a part with --limit or raise --capacity")
-            cached_of = [_cached_bytes(cache, m, i, BlobState.COMPLETE) for i in range(count)]
+            cached_of = [_cached_bytes(cache, m, i) for i in range(count)]
         finally:
             if owned:
                 cache.close()
@@ -183,17 +170,12 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
 
 def _cache_of(session: Session, config: CacheConfig) -> tuple[CacheTier, bool]:
     """The cache to read records from: the session's own, or (the daemon's) opened read-only here."""
-    from ..cache import CacheTier
-    from ..session import EmbeddedSession
-
     if isinstance(session, EmbeddedSession):
         return session.engine.cache, False
     return CacheTier(config, reconcile=False), True
 
 
 async def _capacity(session: Session, cache: CacheTier) -> int:
-    from ..session import RemoteSession
-
     if isinstance(session, RemoteSession) and session.mode == "daemon":
         try:
             return int((await session.daemon_status())["cache"]["capacity"])
@@ -202,21 +184,18 @@ async def _capacity(session: Session, cache: CacheTier) -> int:
     return cache.capacity
 
 
-def _cached_bytes(cache: CacheTier, m, i: int, complete: object) -> int:
-    """Bytes of shard ``i`` already verified in ``cache`` (``complete``: the cache's BlobState.COMPLETE)."""
+def _cached_bytes(cache: CacheTier, m, i: int) -> int:
     record = cache.record(m.digest(i))
     if record is None:
         return 0
     size = int(m.sizes[i])
-    if record.state is complete:
+    if record.state is BlobState.COMPLETE:
         return size
     return sum(block_range(b, size, m.block_size)[1] - block_range(b, size, m.block_size)[0] for b in record.verified)
 
 
 async def _counters(session: Session) -> dict[str, Any]:
     """What the engine doing the work counted so far (the daemon's counters cover all its consumers)."""
-    from ..session import RemoteSession
-
     if isinstance(session, RemoteSession) and session.mode == "daemon":
         try:
             status = await session.daemon_status()
