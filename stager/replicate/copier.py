@@ -149,7 +149,7 @@ class Copier:
         self.write_gate = _adaptive_gate(dst, concurrency, self.part_size)
         held = max(1, min(budget.capacity // self.part_size, concurrency or budget.capacity))
         self.part_gate = PriorityGate(1, controller=ConcurrencyController(
-            held, initial=INITIAL_HELD_PARTS, full_request=self.part_size))
+            held, initial=INITIAL_HELD_PARTS, full_request=self.part_size, slow_start=False))
 
     async def replicate(self, item: PlanItem) -> None:
         """Bring ``item`` to the destination (or find it there), verified, and record it.
