@@ -18,7 +18,15 @@ copy; their times are added).
 Last, stager's peak RSS on 10,000 vs 100,000 tiny objects, which should not
 grow with the object count (the plan lives in sqlite on disk).
 
+With ``--resume``, instead: the waste of a resumed copy. stager and rclone
+each copy 1 GiB in 32 MiB objects through a proxy in front of the source that
+counts the bytes it forwards; each is killed (SIGKILL) once 40% of the
+dataset has crossed, then run again to the end; what crossed in the two runs
+beyond the dataset's size is what the kill cost (bytes read twice), as a
+fraction of the dataset.
+
 Run: ``make bench && .venv/bin/python benchmarks/replicate.py [--gib 1] [--small 10000] [--rss 10000,100000]``
+(or ``--resume [--object-mib 32] [--kill-at 0.4]``)
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import argparse
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -185,6 +195,70 @@ def compare(bench: Bench, dataset: str, manifest: Manifest, src_url: str, dst_ur
             for r, ok, servers in results]
 
 
+def killed_then_resumed(argv: list[str], env: dict[str, str], proxy: FaultProxy, total: int,
+                        kill_at: float) -> tuple[float, int, int]:
+    """Run ``argv`` until ``kill_at`` of ``total`` bytes crossed ``proxy``, SIGKILL it, run it again to the end.
+
+    Returns the fraction of ``total`` read twice, the bytes at the kill and the second run's exit status.
+    """
+    proxy.reseed(0)
+    full_env = {**os.environ, **env}
+    proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while proxy.stats().bytes_down < kill_at * total and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    at_kill = proxy.stats().bytes_down
+    second = subprocess.run(argv, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            timeout=600)
+    if second.returncode != 0:
+        print(f"  second run failed: {second.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    return (proxy.stats().bytes_down - total) / total, at_kill, second.returncode
+
+
+def resume_runs(bench: Bench, args: argparse.Namespace) -> None:
+    """stager and rclone, each killed at ``--kill-at`` of the dataset and run again: the bytes read twice."""
+    src, dst = bench.src, bench.dst
+    count = max(1, int(args.gib * 1024 / args.object_mib))
+    dataset = write_dataset(src.root / "src" / "resume", [args.object_mib * MiB] * count, "r", seed=7)
+    total = dataset.total_bytes
+    print(f"dataset: {count} x {args.object_mib} MiB = {total / 2**30:.2f} GiB, killed at {args.kill_at:.0%}")
+    rows = []
+    with FaultProxy(src.endpoint_url, FaultPlan(methods=("GET",)), seed=1, credentials=src.credentials) as proxy:
+        # the manifest and the listings cross it too: a few KiB
+        state = bench.work / "resume-state"
+        stager_argv = [sys.executable, "-m", "stager", "replicate", "s3://src/resume", "s3://dst/resume-stager",
+                       *option_flags("-s", src.storage_options(proxy.url)),
+                       *option_flags("-d", dst.storage_options(dst.endpoint_url)), "--state-dir", str(state),
+                       *args.stager_args.split()]
+        tools = [("stager replicate", stager_argv, {}, "resume-stager")]
+        rclone = tool("rclone")
+        if rclone:
+            config = bench.work / "rclone.conf"
+            config.touch()
+            env = {**rclone_env("a", src, proxy.url), **rclone_env("b", dst, dst.endpoint_url)}
+            base = [rclone, "--config", str(config), "copy", "a:src/resume"]
+            tools.append(("rclone copy (tuned)", [*base, "b:dst/resume-rclone", "--exclude", ".stager/**",
+                                                  "--transfers", "16", "--checkers", "16",
+                                                  "--s3-upload-concurrency", "4", "--s3-chunk-size", "16M",
+                                                  "--multi-thread-streams", "4", "--s3-no-check-bucket"],
+                          env, "resume-rclone"))
+            tools.append(("rclone copy (defaults)", [*base, "b:dst/resume-rclone-defaults", "--exclude", ".stager/**",
+                                                     "--s3-no-check-bucket"], env, "resume-rclone-defaults"))
+        for name, argv, env, target in tools:
+            wasted, at_kill, code = killed_then_resumed(argv, env, proxy, total, args.kill_at)
+            ok = code == 0 and verify(dst.root / "dst" / target, dataset)
+            rows.append([name, f"{at_kill / total:.0%}", f"{wasted:.3f}", f"{wasted * total / MiB:.0f}",
+                         "yes" if ok else f"NO (exit {code})", " ".join(argv[:4]) + " ..."])
+            shutil.rmtree(dst.root / "dst" / target, ignore_errors=True)
+    print("\n## killed (SIGKILL) and run again: bytes read twice at the source\n")
+    print(table(rows, ["tool", "killed at", "re-read / dataset", "re-read MiB", "copy verifies", "command"]))
+    print("\ncommands in full:")
+    for name, argv, _, _ in tools:
+        print(f"  {name}: {' '.join(argv)}")
+
+
 def rss_runs(bench: Bench, counts: list[int]) -> list[list[str]]:
     rows = []
     for count in counts:
@@ -209,6 +283,9 @@ def main() -> None:
     parser.add_argument("--rss", default="10000,100000", help="object counts for the peak-RSS runs ('' to skip)")
     parser.add_argument("--no-faults", action="store_true", help="skip the runs through the fault proxy")
     parser.add_argument("--only-rss", action="store_true", help="only the peak-RSS runs")
+    parser.add_argument("--resume", action="store_true", help="only the resume runs (killed, then run again)")
+    parser.add_argument("--kill-at", type=float, default=0.4, help="fraction of the dataset read before the kill")
+    parser.add_argument("--stager-args", default="", help="extra options of stager replicate in the resume runs")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
     args = parser.parse_args()
     precompile_stager()
@@ -217,7 +294,8 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"reproduce: .venv/bin/python benchmarks/replicate.py --gib {args.gib} --object-mib {args.object_mib} "
           f"--small {args.small} --rss {args.rss}" + (" --no-faults" if args.no_faults else "")
-          + (" --only-rss" if args.only_rss else ""))
+          + (" --only-rss" if args.only_rss else "") + (f" --resume --kill-at {args.kill_at}" if args.resume else "")
+          + (f" --stager-args '{args.stager_args}'" if args.stager_args else ""))
     began = time.monotonic()
     src = S3Server(work / "a" / "root", access_key="benchsrc" + "a" * 8, secret_key="srcsecret" + "s" * 16,
                    etag_hash="")
@@ -227,6 +305,9 @@ def main() -> None:
         src.make_bucket("src")
         dst.make_bucket("dst")
         bench = Bench(work, src, dst)
+        if args.resume:
+            resume_runs(bench, args)
+            return
         if not args.only_rss:
             compare_all(bench, args)
         counts = [int(c) for c in args.rss.split(",") if c.strip()]

@@ -23,16 +23,27 @@ requests/s. At each, stager with its defaults beside s5cmd (defaults and
 tuned) and rclone (tuned), every copy verified, and each tool's ratio to the
 best verified peer.
 
-Run: ``make bench && .venv/bin/python benchmarks/stage.py [--gib 1] [--shard-mib 32] [--rounds 3] [--grid]``
+With ``--startup``, instead: the time from ``exec`` to the first request the
+origin sees, and to the first request for a shard's bytes, for ``stager
+stage`` and ``s5cmd cp`` (a TCP relay in front of the server notes when each
+arrives; each tool is stopped once its first shard request is seen).
+
+Run: ``make bench && .venv/bin/python benchmarks/stage.py [--gib 1] [--shard-mib 32] [--rounds 3] [--grid | --startup]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import xxhash
@@ -221,6 +232,119 @@ def grid(server: S3Server, work: Path, manifest, rounds: int) -> None:
                           "verifies"]))
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system, every thread) process ``pid`` has used so far; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class FirstRequests:
+    """A TCP relay in front of ``upstream`` (host, port) noting the wall time of the first request and of
+    the first one naming ``marker`` in its request line (the bytes pass unchanged)."""
+
+    def __init__(self, upstream: tuple[str, int], marker: bytes) -> None:
+        self.upstream = upstream
+        self.marker = marker
+        self.pid = 0  # the client whose CPU seconds are noted with each time (on a loaded machine, the steadier figure)
+        self.first: float | None = None
+        self.first_marked: float | None = None
+        self.cpu_first = self.cpu_marked = 0.0
+        self.seen = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        try:
+            while chunk := src.recv(1 << 16):
+                if requests:
+                    now = time.time()
+                    if self.first is None:
+                        self.first, self.cpu_first = now, cpu_seconds(self.pid)
+                    if self.first_marked is None and self.marker in chunk:
+                        self.first_marked, self.cpu_marked = now, cpu_seconds(self.pid)
+                        self.seen.set()
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def startup(server: S3Server, work: Path, manifest, rounds: int, latency: float) -> None:
+    """Exec to the first request, and to the first shard request, for stager stage and s5cmd (median of
+    rounds); with ``latency``, through a proxy that waits that long before each response."""
+    if latency:
+        with FaultProxy(server.endpoint_url, FaultPlan(latency_s=latency), credentials=server.credentials) as proxy:
+            return _startup(proxy.url, server, work, manifest, rounds, f"{latency * 1000:.0f} ms before each response")
+    return _startup(server.endpoint_url, server, work, manifest, rounds, "loopback")
+
+
+def _startup(upstream: str, server: S3Server, work: Path, manifest, rounds: int, origin: str) -> None:
+    host, port = upstream.split("//", 1)[1].split(":")
+    names = ("stager stage", "s5cmd cp")
+    figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in names}
+    for r in range(rounds + 1):  # the first round is untimed (the disk's and the page cache's warm-up)
+        for name in names:
+            # a relay of its own for each run: a killed run's connections still queued are not counted
+            relay = FirstRequests((host, int(port)), b"/corpus/shard-")
+            try:
+                tools = {n: (argv, dest) for n, argv, dest in commands(relay.url, server, work, manifest, "startup")}
+                if name not in tools:
+                    continue
+                argv, dest = tools[name]
+                os.sync()
+                began = time.time()
+                proc = subprocess.Popen(argv, env={**os.environ, **server.env(relay.url)},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                relay.pid = proc.pid
+                relay.seen.wait(60)
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                shutil.rmtree(dest, ignore_errors=True)
+                if r and relay.first is not None and relay.first_marked is not None:
+                    figures[name].append((relay.first - began, relay.first_marked - began, relay.cpu_first,
+                                          relay.cpu_marked))
+            finally:
+                relay.close()
+    tools = [(n, argv, dest) for n, argv, dest in commands(upstream, server, work, manifest, "startup") if n in names]
+    rows = []
+    for name, argv, _ in tools:
+        noted = figures[name]
+        if not noted:
+            rows.append([name, "-", "-", "-", "-"])
+            continue
+        rows.append([name, *(f"{sorted(n[k] for n in noted)[len(noted) // 2]:.3f}" for k in range(4))])
+    print(f"\n## start-up: exec to the origin's first request ({origin}; median of {rounds}; load average "
+          f"{os.getloadavg()[0]:.1f})\n")
+    print(table(rows, ["tool", "start-up to first request s", "to first shard request s", "CPU s to first request",
+                       "CPU s to first shard request"]))
+    print("\ncommands:")
+    for name, argv, _ in tools:
+        print(f"  {name}: {' '.join(argv)}")
+
+
 def _stager_account(run: Run) -> None:
     try:
         summary = json.loads(run.stdout.strip().splitlines()[-1])
@@ -237,6 +361,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tool per phase; the median is reported")
     parser.add_argument("--grid", action="store_true", help="run the origin-profile grid instead of the phases")
+    parser.add_argument("--startup", action="store_true", help="measure only the start-up to the first request")
+    parser.add_argument("--latency", type=float, default=0.0, help="with --startup: seconds before each response")
     args = parser.parse_args()
     precompile_stager()
     work = Path(args.work or tempfile.mkdtemp(prefix="stager-bench-"))
@@ -244,7 +370,8 @@ def main() -> None:
     print(f"# stage benchmark: {shards} shards x {args.shard_mib} MiB from rclone serve s3 on loopback")
     print(f"machine: {machine()}")
     print(f"reproduce: .venv/bin/python benchmarks/stage.py --gib {args.gib} --shard-mib {args.shard_mib} "
-          f"--rounds {args.rounds}" + (" --grid" if args.grid else ""))
+          f"--rounds {args.rounds}" + (" --grid" if args.grid else "") + (" --startup" if args.startup else "")
+          + (f" --latency {args.latency}" if args.latency else ""))
     manifest = generate_corpus(work / "s3" / "bench" / "corpus", shards=shards,
                                tokens_per_shard=args.shard_mib << 19, jitter=0.0, seed=1)
     nbytes = manifest.total_bytes
@@ -252,6 +379,9 @@ def main() -> None:
     try:
         if args.grid:
             grid(server, work, manifest, args.rounds)
+            return
+        if args.startup:
+            startup(server, work, manifest, args.rounds, args.latency)
             return
         runs(server.endpoint_url, server, work, manifest, "warm-up", 0)  # untimed: see runs()
         clean = medians([runs(server.endpoint_url, server, work, manifest, "clean", r) for r in range(args.rounds)])

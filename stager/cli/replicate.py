@@ -87,7 +87,7 @@ def _side(url: str, profile: str | None, pairs: tuple[str, ...], side: str) -> S
               show_default=True, help="The most requests in flight per side: the number in flight starts at 16 "
                                       "and follows each side (more while throughput grows, fewer on SlowDown).")
 @click.option("--part-size", type=SizeType(minimum=1, maximum=MAX_PART_SIZE), default=DEFAULT_PART_SIZE,
-              show_default="16MiB", envvar="STAGER_PART_SIZE",
+              show_default="8MiB", envvar="STAGER_PART_SIZE",
               help="Multipart part size for large objects (whole manifest blocks, at least 5MiB; at most 5GiB).")
 @click.option("--buffer", type=SizeType(minimum=1 << 20), default=128 << 20, show_default="128MiB",
               envvar="STAGER_BUFFER",

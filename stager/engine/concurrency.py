@@ -91,6 +91,8 @@ class ConcurrencyController:
     Args:
         ceiling: never more than this many.
         initial: where to start (capped by ``ceiling``); latency alone never goes below it.
+        slow_start: False: grow only by probing (``limit + sqrt(limit)`` while the latency holds),
+            for a limit whose every slot costs something of its own (replicate's parts held).
         full_request: the size of a full request in bytes; shorter requests are judged apart, by
             their seconds alone (their first-byte latency would look like a queue per byte).
         throttled: returns the number of throttled attempts so far (a counter that only grows).
@@ -98,7 +100,8 @@ class ConcurrencyController:
     """
 
     def __init__(self, ceiling: int, *, initial: int = INITIAL, full_request: int = 0,
-                 throttled: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic) -> None:
+                 throttled: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic,
+                 slow_start: bool = True) -> None:
         if ceiling < 1:
             raise ValueError(f"concurrency ceiling must be >= 1, got {ceiling}")
         self.ceiling = ceiling
@@ -110,7 +113,7 @@ class ConcurrencyController:
         self._clock = clock
         self._seen_throttles = throttled()
         self._cut_until = 0.0
-        self._slow_start = True
+        self._slow_start = slow_start
         self._full = _Lane()  # requests of at least half the full size: seconds per byte
         self._short = _Lane()  # shorter ones (tails, single blocks, small objects): seconds
         self._duration = 0.0  # moving average of a request's seconds

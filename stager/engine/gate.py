@@ -118,6 +118,12 @@ class PriorityGate:
         saturated = self._holders >= self._limit or bool(self.waiting)
         self.set_limit(controller.on_done(seconds, nbytes, saturated, ok))
 
+    def release_after(self, seconds: float, nbytes: int, ok: bool) -> None:
+        """Give back a slot taken with :meth:`acquire` that was held ``seconds`` and moved ``nbytes``
+        (told to the controller, as :meth:`slot` does)."""
+        self._finished(seconds, nbytes, ok)
+        self.release()
+
     @asynccontextmanager
     async def slot(self, priority: float = 0.0, owner: object = None, nbytes: int = 0) -> AsyncIterator[None]:
         """Hold a slot for the body of the ``async with``; ``nbytes`` is what it moves (for the controller)."""
@@ -128,5 +134,4 @@ class PriorityGate:
             yield
             ok = True
         finally:
-            self._finished(time.monotonic() - began, nbytes, ok)
-            self.release()
+            self.release_after(time.monotonic() - began, nbytes, ok)

@@ -297,10 +297,12 @@ class Replicator:
     # -- reporting -----------------------------------------------------------------------
 
     def _concurrency_peaks(self) -> dict[str, int]:
-        """The most requests each side had in flight at once (the adaptive limit's doing)."""
+        """The most requests each side had in flight at once (the adaptive limits' doing), and the most
+        parts held at once (what a kill would have cost)."""
         if self.copier is None:
-            return {"source": 0, "destination": 0}
-        return {"source": self.copier.read_gate.peak_holders, "destination": self.copier.write_gate.peak_holders}
+            return {"source": 0, "destination": 0, "parts_held": 0}
+        return {"source": self.copier.read_gate.peak_holders, "destination": self.copier.write_gate.peak_holders,
+                "parts_held": self.copier.part_gate.peak_holders}
 
     def summary(self, began: float, run_id: str, *, published: bool, complete: bool, dry: bool,
                 note: str | None = None) -> dict[str, Any]:

@@ -62,3 +62,38 @@ def test_sigkill_loop_resends_at_most_what_was_in_flight(clusters, fault_proxy, 
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["copied_bytes"] == 0
     assert proxy.stats().bytes_up == sent, "a run with nothing to do sent bytes"
+
+
+#: Parts the resume test lets one run hold at once (its --concurrency): each is one ranged read.
+HELD = 3
+PART = 5 * MiB
+
+
+def test_a_run_killed_mid_copy_reads_again_at_most_the_parts_it_held(clusters, fault_proxy, tmp_path):
+    a, b = clusters
+    rng = random.Random(15)
+    files = {f"large/obj-{i}.bin": rng.randbytes(3 * PART) for i in range(8)}
+    manifest = write_dataset(a.root / "ds", files)
+    manifest_bytes = len((a.root / "ds" / ".stager" / "manifest.parquet").read_bytes())
+    # No faults: the proxy in front of the source only counts the bytes it serves.
+    proxy = fault_proxy(a.server, FaultPlan(methods=()))
+    # The default byte budget (128 MiB) would hold the whole dataset; the parts held are what bounds a kill's cost.
+    args = ["replicate", a.url("ds"), b.url("copy"), *flags("-s", a.options(proxy.url)), *flags("-d", b.options()),
+            "--state-dir", str(tmp_path / "state"), "--part-size", "5MiB", "--concurrency", str(HELD),
+            "--retry-deadline", "60", "--json"]
+    proc = start(args)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and proxy.stats().bytes_down < 0.4 * manifest.total_bytes and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert proc.poll() is None, "the copy ended before 40% of it was read"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+
+    result = run(args, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["failed"] == 0
+    assert_replica(a.root / "ds", b.root / "copy")
+    read_twice = proxy.stats().bytes_down - manifest.total_bytes - 2 * manifest_bytes
+    overhead = 64 * 1024  # listings
+    assert read_twice <= HELD * PART + overhead, (
+        f"{read_twice:,} bytes read again after one kill: more than the {HELD} parts of {PART:,} a run may hold")
