@@ -173,12 +173,26 @@ def main(argv: list[str] | None = None) -> None:
 
 
 class _WithoutPandas:
-    """A module finder under which ``import pandas`` fails, as it does where pandas is not installed."""
+    """A module finder under which pyarrow's own ``import pandas`` fails, as where pandas is not installed.
+
+    Only an import whose nearest Python frame (past the import machinery) is stager's own code is refused:
+    stager never imports pandas, so that import came from a C extension it called (pyarrow). A library
+    that imports pandas itself (an fsspec backend, say) still gets it.
+    """
+
+    _package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name == "pandas":
+        if name == "pandas" and self._asked_by_stager():
             raise ModuleNotFoundError("pandas is not used by the stager command", name=name)
         return None
+
+    @classmethod
+    def _asked_by_stager(cls) -> bool:
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+            frame = frame.f_back
+        return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(cls._package + os.sep)
 
 
 def _one_line(text: str) -> str:
