@@ -28,7 +28,7 @@ class Invocation:
     """One `stager SUBCOMMAND ...` found in a file, with the flags it passes."""
 
     where: str  # file (and line, or the container)
-    subcommand: str
+    subcommand: str  # a group's subcommand as "group sub" (`checkpoints list`)
     flags: tuple[str, ...]
     global_flags: tuple[str, ...] = ()  # given before the subcommand (`stager --config FILE serve`)
 
@@ -79,8 +79,8 @@ def in_text(text: str, where: str, subcommands: Iterable[str], first_line: int =
         for match in _COMMAND.finditer(line):
             if match.group("sub") not in known:
                 continue
-            words = _command_words(line[match.end():])
-            found.append(Invocation(f"{where}:{number}", match.group("sub"), flags_of(words),
+            sub, words = _nested(match.group("sub"), _command_words(line[match.end():]), known)
+            found.append(Invocation(f"{where}:{number}", sub, flags_of(words),
                                     flags_of(match.group("globals").split())))
     return found
 
@@ -96,9 +96,18 @@ def in_container(container: dict, where: str, subcommands: Iterable[str]) -> lis
         return in_text("\n".join(command[2:] + args), where, subcommands)
     else:
         return []
-    if not argv or argv[0] not in set(subcommands):
+    known = set(subcommands)
+    if not argv or argv[0] not in known:
         return []
-    return [Invocation(where, argv[0], flags_of(argv[1:]))]
+    sub, words = _nested(argv[0], argv[1:], known)
+    return [Invocation(where, sub, flags_of(words))]
+
+
+def _nested(sub: str, words: list[str], known: set[str]) -> tuple[str, list[str]]:
+    """A group's subcommand (`checkpoints list`) as one name, its words after it; else as they were."""
+    if words and f"{sub} {words[0]}" in known:
+        return f"{sub} {words[0]}", words[1:]
+    return sub, words
 
 
 def markdown_code(text: str) -> list[tuple[int, str]]:

@@ -34,7 +34,10 @@ def help_text(*subcommand: str) -> str:
 
 
 def subcommands() -> set[str]:
-    return help_subcommands(help_text())
+    """The top-level subcommands, and each group's own as "group sub"."""
+    top = help_subcommands(help_text())
+    nested = {f"{group} {sub}" for group in top for sub in help_subcommands(help_text(group))}
+    return top | nested
 
 
 def _relative(path: Path) -> str:
@@ -77,7 +80,7 @@ def test_every_flag_used_in_deploy_docs_and_the_readme_exists():
     top = help_flags(help_text())
     missing = []
     for invocation in invocations():
-        known = help_flags(help_text(invocation.subcommand))
+        known = help_flags(help_text(*invocation.subcommand.split()))
         missing += [f"{invocation.where}: `stager {invocation.subcommand} {flag}`: no such flag in "
                     f"`stager {invocation.subcommand} --help`" for flag in invocation.flags if flag not in known]
         missing += [f"{invocation.where}: `stager {flag} {invocation.subcommand}`: no such flag in `stager --help`"

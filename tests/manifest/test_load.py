@@ -12,7 +12,7 @@ import pytest
 from stager.config import RetryConfig, SourceConfig
 from stager.errors import ManifestError
 from stager.manifest import MANIFEST_PATH, load_manifest, load_manifest_data, read_manifest_file
-from stager.store import open_store
+from stager.store import StoreOptions, open_store
 from stager.loopback.fault_plan import FaultPlan
 from tests.iterator.corpus import write_counting_corpus
 
@@ -149,7 +149,7 @@ def test_a_manifest_rewritten_between_its_size_and_its_read_is_read_again_whole(
             return result
 
     async def run():
-        store = RewrittenAfterInfo(str(tmp_path), retry=FAST)
+        store = RewrittenAfterInfo(str(tmp_path), options=StoreOptions(retry=FAST))
         try:
             return await load_manifest_data(store)
         finally:
