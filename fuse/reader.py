@@ -18,10 +18,14 @@ the first time this mount process reads a block of a cache file, the whole
 block is read and hashed against the manifest's block digest before any of it
 is served (and kept among the recent blocks, so the kernel's next reads of it
 come from memory); later reads of a checked block are plain ``pread`` s. A
-block that does not match is dropped through the cache's API (the whole blob,
-if complete) and fetched again alone, urgently, like a missing one; if that
-fails, the read fails (EIO). ``CacheConfig.verify_reads = "off"`` skips the
-check.
+block that does not match is dropped through the core's cache reader (the
+whole blob, if complete) and fetched again alone, urgently, like a missing
+one; if that fails, the read fails (EIO). ``CacheConfig.verify_reads = "off"``
+skips the check. Opening a blob's file (complete, or partial with its
+verified blocks, again while it is renamed or evicted) and dropping bad bytes
+are the core's (:class:`~stager.cache.reader.BlockReads`); what is the
+mount's own here is its table of open blobs, the descriptors kept while reads
+use them, the recent blocks, and the ``RWF_NOWAIT`` reads on the loop.
 
 File descriptors are never closed while a read may be using them: a handle
 that moves from a partial file to the complete one keeps the old descriptor
@@ -33,19 +37,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import logging
 import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from stager.cache import CacheTier
 from stager.cache.fileio import pread_exact
-from stager.cache.reader import FileIdentity, VerifiedReads
+from stager.cache.reader import BlockReads, CacheFile, FileIdentity, VerifiedReads
 from stager.errors import CacheError
 from stager.hashing import block_range
 from stager.session import DatasetHandle, Session
-
-log = logging.getLogger(__name__)
 
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
@@ -86,7 +88,8 @@ class CacheReader:
     Args:
         session: fetches missing blocks (``read_block``).
         dataset: the dataset opened through that session.
-        cache: the cache tier on the same directory the session fills (read-only use here).
+        cache: the cache tier on the same directory the session fills (read-only use here: its files are
+            opened, and bad bytes dropped, through :class:`~stager.cache.reader.BlockReads`).
         executor: threads for reads that may block on the disk.
         recent_blocks: how many freshly fetched (or checked) blocks to keep in memory.
     """
@@ -96,13 +99,13 @@ class CacheReader:
         self.session = session
         self.dataset = dataset
         self.manifest = dataset.manifest
-        self.cache = cache
         self._executor = executor
         self._open: dict[str, OpenBlob] = {}
         self._recent: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._recent_max = recent_blocks
         self._nowait = bool(_RWF_NOWAIT)
         self.checks = VerifiedReads(cache.config.verify_reads)
+        self.reads = BlockReads(cache.complete_path, lambda: cache)  # the cache's probe and drop of bad bytes
 
     # -- open and release -----------------------------------------------------------------------
 
@@ -155,17 +158,17 @@ class CacheReader:
         loop; the index query (sqlite) for a partial blob goes to a thread."""
         if blob.complete:
             return
-        try:  # a file under blobs/ is always complete and verified: no index query needed
-            found = (os.open(self.cache.complete_path(blob.digest), os.O_RDONLY | os.O_CLOEXEC), True, frozenset())
-        except FileNotFoundError:
-            loop = asyncio.get_running_loop()
-            found = await loop.run_in_executor(self._executor, self._probe, blob.digest)
-        fd, complete, verified = found
-        if fd is None:
+        fd = self.reads.open_complete(blob.digest)  # a file under blobs/ is always complete and verified
+        if fd is not None:
+            found: CacheFile | None = CacheFile(fd, True, frozenset())
+        else:
+            found = await asyncio.get_running_loop().run_in_executor(self._executor, self.reads.open_any, blob.digest)
+        if found is None:
             return
+        fd = found.fd
         if blob.fds and _same_file(fd, blob.fds[-1]):
             os.close(fd)  # the file we have (a commit renames the partial file: same inode, now complete)
-        elif blob.fds and not complete and verified <= blob.verified:
+        elif blob.fds and not found.complete and found.verified <= blob.verified:
             os.close(fd)  # nothing new
             return
         else:
@@ -173,26 +176,8 @@ class CacheReader:
             st = os.fstat(fd)
             blob.identity = (st.st_dev, st.st_ino)
             blob.checked = self.checks.file_checked(blob.identity)
-        blob.complete = complete
-        blob.verified = verified
-
-    def _probe(self, digest: str) -> tuple[int | None, bool, frozenset[int]]:
-        """(descriptor, complete, verified blocks) of a partial (or just completed) blob; (None, False, {})
-        if the cache does not have it."""
-        for _ in range(3):  # committed or evicted between the index look-up and the open: again
-            handle = self.cache.open_partial(digest)
-            if handle is None:
-                return None, False, frozenset()
-            try:
-                complete, verified, path = handle.complete, handle.verified, handle.path
-            finally:
-                handle.close()
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
-            return fd, complete, verified
-        return None, False, frozenset()
+        blob.complete = found.complete
+        blob.verified = found.verified
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -278,11 +263,9 @@ class CacheReader:
         if self.checks.check_block(identity, block, data, expected[block], len(expected)):
             self._remember(blob.digest, block, data)
             return data
-        log.warning("%s: block %d of the cached copy changed on disk since it was verified; dropping it, "
-                    "to be fetched again", blob.path, block)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self.cache.drop_corrupt, blob.digest, identity,
-                                   None if blob.complete else [block])
+        drop = partial(self.reads.drop, blob.digest, identity, None if blob.complete else [block],
+                       where=f" ({blob.path}) block {block}")
+        await asyncio.get_running_loop().run_in_executor(self._executor, drop)  # fetched again below
         self.checks.forget(identity)
         if blob.identity == identity:  # look the blob up again before the next read trusts its file
             blob.complete = False

@@ -52,6 +52,7 @@ import logging
 import mmap
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -324,14 +325,26 @@ class VerifiedReads:
                     "read_checks_bytes": self.bytes_checked, "read_checks_failed": self.mismatches}
 
 
+@dataclass(frozen=True, slots=True)
+class CacheFile:
+    """A read-only descriptor on a blob's cache file (the caller closes it), whether the file is complete,
+    and the blocks verified in it when it is partial."""
+
+    fd: int
+    complete: bool
+    verified: frozenset[int]
+
+
 class BlockReads:
-    """One block's verified bytes out of a cache directory, for the engine and the daemon's client alike.
+    """One block's verified bytes out of a cache directory, for the engine, the daemon's client and the mount.
 
     The complete-file probe (a file under ``blobs/`` is complete: no index look-up needed), a block read
     back from a complete file or from a partial one (its verified blocks), each hashed against the
     manifest's block digest before it is handed out, and the retry when the file is evicted under the
     reader. A block that changed on the disk since it was verified is dropped through the cache's API
-    (the whole blob if complete, that block if partial), so it is fetched again; never served.
+    (the whole blob if complete, that block if partial), so it is fetched again; never served. Readers
+    that keep a blob's file open and check its blocks themselves (the mount) take the open file from
+    :meth:`open_complete` or :meth:`open_any` and report bad bytes to :meth:`drop`.
 
     Args:
         complete_path: where a blob's complete file is (``CacheTier.complete_path`` or the layout's).
@@ -353,6 +366,39 @@ class BlockReads:
         """The blob's complete (verified) file, or None if it is not complete in the cache now."""
         path = self._complete_path(digest)
         return path if path.exists() else None
+
+    def open_complete(self, digest: str) -> int | None:
+        """A read-only descriptor on the blob's complete file (the caller closes it), or None if it is not
+        complete now. One open(2) and no index look-up: cheap enough for an event loop."""
+        try:
+            return os.open(self._complete_path(digest), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+
+    def open_any(self, digest: str) -> CacheFile | None:
+        """The blob's cache file as the index has it, complete or partial with its verified blocks; again
+        while the file is committed (renamed) or evicted between the look-up and the open; None if the
+        cache does not have the blob (blocking: call in a thread).
+
+        Raises:
+            CacheError: the cache index cannot be read, or the file cannot be opened.
+        """
+        tier = self._tier()
+        for _ in range(self.ATTEMPTS):
+            handle = tier.open_partial(digest)
+            if handle is None:
+                return None
+            try:
+                complete, verified, path = handle.complete, handle.verified, handle.path
+            finally:
+                handle.close()
+            try:
+                return CacheFile(os.open(path, os.O_RDONLY | os.O_CLOEXEC), complete, verified)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise os_error(exc, f"opening blob {digest}") from exc
+        return None
 
     def read_complete(self, digest: str, path: Path, start: int, end: int, expected: int) -> bytes | None:
         """Bytes ``[start, end)`` (one block) of the complete file at ``path``, checked against the
