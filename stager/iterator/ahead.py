@@ -22,11 +22,19 @@ One lock lets one thread at a time advance the source, and whatever the
 helper made is queued before the consumer can make the next one, so the
 order is the source's, exactly. An error raised by the source reaches the
 consumer in its place in the order.
+
+A helper still running when the interpreter exits is stopped first (at
+``atexit``): a loop that breaks out of its iteration leaves it alive, and a
+daemon thread caught inside C++ code (a tensor being made) while the
+interpreter finalizes is unwound by force, which aborts the process
+("terminate called without an active exception").
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections import deque
 from time import perf_counter as _clock
 from typing import Generic, Iterator, TypeVar
@@ -60,6 +68,7 @@ class MadeAhead(Generic[T]):
         self._away = 0.0  # running average of the consumer's time between calls
         self._left_at: float | None = None
         self._helper = threading.Thread(target=self._run, name=name, daemon=True)
+        _LIVE.add(self)
         self._helper.start()
 
     def __iter__(self) -> MadeAhead[T]:
@@ -143,3 +152,13 @@ class MadeAhead(Generic[T]):
                 item, error = self._advance()
                 if item is not _END:
                     self._ready.append((item, error))
+
+
+#: Every MadeAhead not yet collected: those still open are closed before the interpreter finalizes.
+_LIVE: "weakref.WeakSet[MadeAhead]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for made_ahead in list(_LIVE):
+        made_ahead.close()

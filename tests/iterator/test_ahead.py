@@ -1,12 +1,17 @@
 """Batches made ahead: the source's order exactly, errors in place, a bounded queue, a helper that stops."""
 
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from stager.iterator.ahead import AWAY_MIN, MadeAhead
 
+ROOT = Path(__file__).resolve().parents[2]
 STEP = 3 * AWAY_MIN  # a consumer "computing" this long between calls gets help
 
 
@@ -107,3 +112,29 @@ def test_close_stops_the_helper_and_closes_the_source_mid_stream():
     assert not any(t.name == "maker" for t in threading.enumerate())
     with pytest.raises(StopIteration):
         next(ahead)
+
+
+def test_a_helper_left_running_is_stopped_before_the_interpreter_exits(tmp_path):
+    # A training loop that breaks out of its batches leaves the helper alive; at exit it must be stopped
+    # before finalization (a daemon thread unwound inside C++ code aborts the process), its source closed.
+    script = tmp_path / "left_running.py"
+    script.write_text(
+        "import itertools, sys, time\n"
+        "from stager.iterator.ahead import MadeAhead\n"
+        "def source():\n"
+        "    try:\n"
+        "        for i in itertools.count():\n"
+        "            time.sleep(0.001)\n"
+        "            yield i\n"
+        "    finally:\n"
+        "        sys.stdout.write('source closed\\n'); sys.stdout.flush()\n"
+        "made = MadeAhead(source(), depth=4)\n"
+        "for item in made:\n"
+        "    time.sleep(0.005)  # away long enough for the helper to work\n"
+        "    if item == 20:\n"
+        "        break\n"
+        "keep = made  # still referenced at exit: only the exit hook can stop it\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("source closed") == 1
