@@ -243,7 +243,7 @@ async def test_reads_follow_a_source_that_caps_each_connection(http_origin, faul
     # an object store's source: every response capped, some first-byte latency; many small objects
     files = {f"obj/{i:04d}.bin": bytes([i % 251]) * 24_000 for i in range(160)}
     write_dataset(http_origin.root / "ds", files)
-    proxy = fault_proxy(http_origin, FaultPlan(latency_s=0.02, connection_bps=100_000, path_contains="/obj/"))
+    proxy = fault_proxy(http_origin, FaultPlan(latency_s=0.02, connection_bps=50_000, path_contains="/obj/"))
     cfg = config(SourceConfig(f"{proxy.url}/ds"), SourceConfig(str(tmp_path / "out")), tmp_path, concurrency=256)
     replicator = Replicator(cfg)
     summary = await replicator.run()
