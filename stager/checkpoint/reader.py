@@ -153,8 +153,9 @@ class CheckpointReader(FileSystemReader):
             entry = self.staging.entry(self.url)
             if entry.sealed_at is not None:
                 try:
-                    self.manifest = manifest_for(entry)
-                    return
+                    if entry.spec().part is None:  # one node's part of a save is not the whole checkpoint
+                        self.manifest = manifest_for(entry)
+                        return
                 except StagerError as exc:
                     problems.append(f"staging: {exc}")
         for url in [self.url, *self.extra_replicas]:
