@@ -19,15 +19,12 @@ a store only once every byte from every node is verified there.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
-import xxhash
-
 from ..config import DEFAULT_BLOCK_SIZE
 from ..errors import ManifestError
-from .manifest import FileRecord
+from .manifest import FileRecord, decode_digested, encode_digested
 
 PARTS_DIR = ".stager/parts"
 FORMAT = 1
@@ -143,9 +140,7 @@ class PartRecord:
                 "files": [f.to_json() for f in sorted(self.files, key=lambda f: f.path)]}
 
     def encode(self) -> bytes:
-        body = self._body()
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        return json.dumps({**body, "digest": xxhash.xxh3_128_hexdigest(text.encode())}, sort_keys=True).encode()
+        return encode_digested(self._body())
 
     @classmethod
     def decode(cls, data: bytes, where: str) -> PartRecord:
@@ -154,18 +149,7 @@ class PartRecord:
         Raises:
             ManifestError: not JSON, a digest that does not match its body, an unknown format or a bad field.
         """
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{where}: not a part record (not JSON: {exc})") from exc
-        if not isinstance(obj, dict):
-            raise ManifestError(f"{where}: not a part record (not a JSON object)")
-        claimed = obj.pop("digest", None)
-        text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-        if claimed != xxhash.xxh3_128_hexdigest(text.encode()):
-            raise ManifestError(f"{where}: digest mismatch (the part record is damaged)")
-        if obj.get("format") != FORMAT:
-            raise ManifestError(f"{where}: unknown part record format {obj.get('format')!r} (this stager reads {FORMAT})")
+        obj = decode_digested(data, where, "part record", "part record", FORMAT)
         place = SavePart.from_json({**obj, "expected": []}, where)
         block_size, created, files = obj.get("block_size"), obj.get("created"), obj.get("files")
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
