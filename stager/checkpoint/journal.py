@@ -47,7 +47,7 @@ class DrainJournal:
                     continue
                 key = (int(rec["store"]), str(rec["path"]), str(rec["digest"]))
                 kind = rec["kind"]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # a line torn by a kill: what it said is done again
             if kind == "verified":
                 self.verified.add(key)

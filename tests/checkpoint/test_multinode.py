@@ -136,3 +136,26 @@ def test_a_node_killed_before_its_part_lands_leaves_the_checkpoint_unpublished_u
     main(["checkpoints", "verify", "--no-repair", dest.url("run/mk"), *dest.flags("-o"), *replica.flags("-r")])
     out = capsys.readouterr().out  # every node's files read back at both stores against the one manifest
     assert f"{config['url']}: ok" in out and f"{config['replica']}: ok" in out
+
+
+def test_waiting_for_a_dead_node_is_bounded_and_younger_checkpoints_drain_meanwhile(sides, tmp_path):
+    import dataclasses
+
+    from stager.checkpoint.drain import Drain, queue_folder
+    from stager.checkpoint.drainer import drain_until_empty
+    from stager.config import SourceConfig
+
+    dest, _ = sides
+    config, nodes = _save(sides, tmp_path, "mw", drain="none", linger=0)
+    waiting = nodes[0].entry(config["url"])
+    waiting.write_spec(dataclasses.replace(waiting.spec(), part_wait=1.0))  # rank 1's node never drains
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"w" * 1000)
+    younger = queue_folder(nodes[0], folder, dest.url("run/hf"), [SourceConfig(dest.url("run/hf"), dest.options)])
+    drain = Drain(nodes[0])
+    assert drain_until_empty(nodes[0], drain) == 1  # the younger one, while the older waited
+    assert younger.drained and not waiting.drained
+    assert waiting.name in drain.failed and "part 1 (host " in drain.stats.last_error
+    assert not (dest.path("run/mw") / ".metadata").exists() and not (dest.path("run/mw") / MANIFEST_PATH).exists()
+    assert [e.path for e in nodes[0].pending()] == [waiting.path]  # left for the next drain, never dropped
