@@ -202,7 +202,6 @@ class CheckpointWriter(FileSystemWriter):
         self.wait_for_room = wait_for_room
         self.drain = drain
         self.part_wait = part_wait
-        self.is_coordinator = False
         self.part: SavePart | None = None  # set by the global plan when the save's ranks are on several nodes
 
     # -- where this save goes ------------------------------------------------------------------
@@ -232,10 +231,6 @@ class CheckpointWriter(FileSystemWriter):
         return DrainSpec(tuple(targets), part=self.part, part_wait=self.part_wait)
 
     # -- the save --------------------------------------------------------------------------
-
-    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
-        self.is_coordinator = is_coordinator
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         entry = Entry(self.path)
