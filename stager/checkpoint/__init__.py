@@ -9,6 +9,8 @@ How it works, module by module:
   and its bounded room (a save waits for the drain, or fails loudly; nothing
   not yet at every store is ever removed);
 - :mod:`.manifest`: the checkpoint's manifest (files, digests, stores);
+- :mod:`.parts`: a save whose ranks are on several nodes: each node's part
+  record at every store, and when they cover everything ``.metadata`` names;
 - :mod:`.transfer`: one file sent between stores, verified, resumable;
 - :mod:`.journal`: the drain's progress, surviving SIGKILL;
 - :mod:`.drain`: the queue sent to the destination and every replica,

@@ -9,6 +9,11 @@ and sizes (``verify`` reads the bytes):
 - ``damaged``: a manifest, but a file missing or of another size, or a
   manifest that does not check;
 - ``draining``: files but no manifest yet (a drain under way, or killed);
+- ``incomplete``: a save whose ranks are on several nodes, no manifest, and
+  some node's part record not there yet (:mod:`.parts`): ``missing`` names
+  each such node (part, host, ranks); a node that died before its part
+  landed leaves its checkpoint so, never visible, until that node's drain
+  runs again;
 - ``staged``: only in this node's staging directory, sealed, not sent yet;
 - ``missing``: nothing there.
 """
@@ -22,11 +27,12 @@ from dataclasses import dataclass, field
 
 from ..config import SourceConfig
 from ..errors import ManifestError, OriginError, ShardNotFound
-from ..store import open_store
+from ..store import Store, open_store
 from .manifest import MANIFEST_PATH, CheckpointManifest
+from .parts import PARTS_DIR, PartRecord
 from .staging import StagingDir
 
-STATES = ("staged", "draining", "complete", "damaged", "missing")
+STATES = ("staged", "draining", "incomplete", "complete", "damaged", "missing")
 OptionsFor = Callable[[str], dict]
 
 
@@ -38,6 +44,7 @@ class CheckpointState:
     url: str
     manifest: CheckpointManifest | None = None
     states: dict[str, str] = field(default_factory=dict)  # store URL -> state
+    missing: dict[str, list[str]] = field(default_factory=dict)  # store URL -> nodes whose parts are not there
 
     @property
     def step(self) -> int | None:
@@ -58,24 +65,43 @@ class CheckpointState:
                 and all(self.states.get(url) == "complete" for url in self.manifest.stores))
 
 
-async def store_state(url: str, options: dict, manifest: CheckpointManifest | None) -> str:
-    """The state of the checkpoint at ``url`` (see the module docstring), judged by listing."""
+async def store_state(url: str, options: dict, manifest: CheckpointManifest | None) -> tuple[str, list[str]]:
+    """The state of the checkpoint at ``url`` (see the module docstring), judged by listing, and the
+    nodes whose parts are missing there (for ``incomplete``)."""
     try:
         async with open_store(SourceConfig(url, options)) as store:
             listing = {o.path: o.size for o in await store.list()}
             if MANIFEST_PATH not in listing:
                 data = [p for p in listing if not p.startswith(".stager/")]
-                return "draining" if data else "missing"
+                missing = await _missing_parts(store, listing)
+                if missing:
+                    return "incomplete", missing
+                return ("draining" if data else "missing"), []
             try:
                 CheckpointManifest.decode(await store.read(MANIFEST_PATH), f"{url}/{MANIFEST_PATH}")
             except ManifestError:
-                return "damaged"
+                return "damaged", []
     except ShardNotFound:
-        return "missing"
+        return "missing", []
     if manifest is None:
-        return "damaged"
+        return "damaged", []
     ok = all(listing.get(f.path) == f.size for f in manifest.files)
-    return "complete" if ok else "damaged"
+    return ("complete" if ok else "damaged"), []
+
+
+async def _missing_parts(store: Store, listing: dict[str, int]) -> list[str]:
+    """The nodes of the newest multi-node save at ``store`` whose part records are not there."""
+    records: list[PartRecord] = []
+    for path in sorted(p for p in listing if p.startswith(PARTS_DIR + "/")):
+        try:
+            records.append(PartRecord.decode(await store.read(path), f"{store.url}/{path}"))
+        except (ManifestError, OriginError):
+            continue  # damaged or gone: that node's part counts as missing
+    if not records:
+        return []
+    newest = max(records, key=lambda r: r.created)
+    landed = {r.part for r in records if r.save_id == newest.save_id}
+    return [p.describe() for p in newest.layout if p.part not in landed]
 
 
 async def read_manifest(url: str, options: dict) -> CheckpointManifest | None:
@@ -118,9 +144,12 @@ async def list_checkpoints(run_url: str, options_for: OptionsFor, replicas: tupl
             if state.manifest is None:
                 rurl = f"{replica_root.rstrip('/')}/{name}"
                 state.manifest = await read_manifest(rurl, options_for(rurl))
-        stores = list(state.manifest.stores) if state.manifest is not None else [url]
+        stores = (list(state.manifest.stores) if state.manifest is not None
+                  else [url, *(f"{r.rstrip('/')}/{name}" for r in replicas)])
         for store_url in stores:
-            state.states[store_url] = await store_state(store_url, options_for(store_url), state.manifest)
+            state.states[store_url], missing = await store_state(store_url, options_for(store_url), state.manifest)
+            if missing:
+                state.missing[store_url] = missing
         if name in staged:
             state.states = {u: "staged" if s == "missing" else s for u, s in state.states.items()}
         out.append(state)

@@ -3,7 +3,9 @@
 An append-only file of JSON lines in the checkpoint's staging folder
 (``.stager/journal``), each line written and fsynced before the drain counts
 its step done: a file verified at a store, a multipart upload begun (with the
-store's resume token), a part of it written. A drain killed at any instant and
+store's resume token), a part of it written, and, for rank 0's node of a save
+whose ranks are on several nodes, which other nodes' parts (and files) it is
+waiting for at a store. A drain killed at any instant and
 started again replays the journal and sends only what was not recorded; a
 torn last line (the kill came mid-write) is ignored. Appends run in a thread,
 so the event loop never waits on the disk.
@@ -28,6 +30,7 @@ class DrainJournal:
         self.verified: set[tuple[int, str, str]] = set()  # (store, path, digest)
         self.uploads: dict[tuple[int, str, str], tuple[str, int]] = {}  # -> (token, part size)
         self.parts: dict[tuple[int, str, str], dict[int, int]] = {}  # -> {part number: size}
+        self.awaiting: dict[int, tuple[list[int], list[str]]] = {}  # store -> (nodes' parts, files) still missing
         self._lock = threading.Lock()
         self._replay()
 
@@ -39,9 +42,12 @@ class DrainJournal:
         for line in lines:
             try:
                 rec = json.loads(line)
+                if rec.get("kind") == "awaiting":
+                    self.awaiting[int(rec["store"])] = ([int(p) for p in rec["parts"]], [str(f) for f in rec["files"]])
+                    continue
                 key = (int(rec["store"]), str(rec["path"]), str(rec["digest"]))
                 kind = rec["kind"]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # a line torn by a kill: what it said is done again
             if kind == "verified":
                 self.verified.add(key)
@@ -69,6 +75,13 @@ class DrainJournal:
         await self._append({"kind": "part", "store": store, "path": path, "digest": digest,
                             "number": number, "size": size})
         self.parts.setdefault((store, path, digest), {})[number] = size
+
+    async def mark_awaiting(self, store: int, parts: list[int], files: list[str]) -> None:
+        """Rank 0's node of a multi-node save waits at ``store`` for these parts' ``files`` (journaled on change)."""
+        if self.awaiting.get(store) == (parts, files):
+            return
+        await self._append({"kind": "awaiting", "store": store, "parts": parts, "files": files})
+        self.awaiting[store] = (parts, files)
 
     def forget_upload(self, store: int, path: str, digest: str) -> None:
         """An upload that is gone at the store: start a new one (its next record replaces it)."""

@@ -102,9 +102,7 @@ class CheckpointManifest:
         return [f for f in self.files if f.path == METADATA_NAME]
 
     def encode(self) -> bytes:
-        body = self._body()
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        return json.dumps({**body, "digest": xxhash.xxh3_128_hexdigest(text.encode())}, sort_keys=True, indent=1).encode()
+        return encode_digested(self._body(), indent=1)
 
     def _body(self) -> dict:
         return {"format": FORMAT, "block_size": self.block_size, "created": self.created,
@@ -117,18 +115,7 @@ class CheckpointManifest:
         Raises:
             ManifestError: not JSON, a digest that does not match its body, an unknown format or a bad field.
         """
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{where}: not a checkpoint manifest (not JSON: {exc})") from exc
-        if not isinstance(obj, dict):
-            raise ManifestError(f"{where}: not a checkpoint manifest (not a JSON object)")
-        claimed = obj.pop("digest", None)
-        text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-        if claimed != xxhash.xxh3_128_hexdigest(text.encode()):
-            raise ManifestError(f"{where}: digest mismatch (the manifest is damaged)")
-        if obj.get("format") != FORMAT:
-            raise ManifestError(f"{where}: unknown checkpoint manifest format {obj.get('format')!r} (this stager reads {FORMAT})")
+        obj = decode_digested(data, where, "checkpoint manifest", "manifest", FORMAT)
         block_size = obj.get("block_size")
         if not isinstance(block_size, int) or block_size <= 0:
             raise ManifestError(f"{where}: block_size must be a whole number > 0, got {block_size!r}")
@@ -150,6 +137,34 @@ class CheckpointManifest:
         """The files as a dataset manifest, for reading them through a cache session."""
         chosen = self.files if records is None else records
         return Manifest.from_entries((ShardEntry(r.path, r.size, r.digest, r.blocks) for r in chosen), self.block_size)
+
+
+def encode_digested(body: dict, indent: int | None = None) -> bytes:
+    """``body`` as JSON, with the xxh3-128 of its canonical form (sorted keys, no spaces) under ``digest``."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return json.dumps({**body, "digest": xxhash.xxh3_128_hexdigest(text.encode())}, sort_keys=True,
+                      indent=indent).encode()
+
+
+def decode_digested(data: bytes, where: str, what: str, short: str, version: int) -> dict:
+    """The JSON object of ``data`` (made by :func:`encode_digested`) once its digest and format check.
+
+    Raises:
+        ManifestError: naming ``where``: not a JSON object, a digest that does not match, another format.
+    """
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{where}: not a {what} (not JSON: {exc})") from exc
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{where}: not a {what} (not a JSON object)")
+    claimed = obj.pop("digest", None)
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    if claimed != xxhash.xxh3_128_hexdigest(text.encode()):
+        raise ManifestError(f"{where}: digest mismatch (the {short} is damaged)")
+    if obj.get("format") != version:
+        raise ManifestError(f"{where}: unknown {what} format {obj.get('format')!r} (this stager reads {version})")
+    return obj
 
 
 def hash_file(path: Path, name: str, block_size: int = DEFAULT_BLOCK_SIZE) -> FileRecord:

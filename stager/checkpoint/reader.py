@@ -1,7 +1,8 @@
 """CheckpointReader: a DCP storage reader that loads from the nearest complete, verified copy.
 
 The manifest comes from the first store that has a good one: the local
-staging copy (when ``staging_dir`` is given and its save is sealed), the
+staging copy (when ``staging_dir`` is given and its save is sealed, and is
+the whole save: one node's part of a multi-node save is not), the
 destination, then each replica (the manifest names them; more may be given).
 Each file the load needs is then found, in that order: the staging copy if
 its bytes hash to the record; else through stager's cache, in a session
@@ -153,8 +154,9 @@ class CheckpointReader(FileSystemReader):
             entry = self.staging.entry(self.url)
             if entry.sealed_at is not None:
                 try:
-                    self.manifest = manifest_for(entry)
-                    return
+                    if entry.spec().part is None:  # one node's part of a save is not the whole checkpoint
+                        self.manifest = manifest_for(entry)
+                        return
                 except StagerError as exc:
                     problems.append(f"staging: {exc}")
         for url in [self.url, *self.extra_replicas]:

@@ -6,7 +6,11 @@ and a ``.stager/`` folder:
 
 - ``files/NAME.json``: each file's digests, made while it was written;
 - ``drain.json``: where it goes (destination and replicas, each with its own
-  storage options; mode 0600, as those may hold keys);
+  storage options; mode 0600, as those may hold keys) and, for a save whose
+  ranks are on several nodes, which part of it this node holds
+  (:mod:`.parts`);
+- ``ranks/R``: rank R of a multi-node save finished writing here (the last
+  of a part's ranks seals it; rank 0's part is sealed after ``.metadata``);
 - ``sealed``: written once the save is complete (after DCP's ``.metadata``);
   its time orders the drain, oldest first;
 - ``journal``: the drain's progress (:mod:`.journal`);
@@ -22,6 +26,7 @@ not drained is never removed to make room: the save fails with
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -35,10 +40,12 @@ import xxhash
 from ..config import SourceConfig
 from ..errors import CheckpointError, StagingFull
 from .manifest import write_durably
+from .parts import SavePart
 
 SPEC = ".stager/drain.json"
 SEALED = ".stager/sealed"
 DRAINED = ".stager/drained"
+RANKS = ".stager/ranks"
 _POLL_S = 0.05
 
 
@@ -48,21 +55,26 @@ class DrainSpec:
 
     targets: tuple[SourceConfig, ...]
     source_dir: str | None = None  # a folder drained in place (``stager checkpoints drain``), else the entry itself
+    part: SavePart | None = None  # this node's part of a save whose ranks are on several nodes
+    part_wait: float = 3600.0  # part 0: seconds a drain waits for the other nodes' parts before it gives up
 
     def to_json(self) -> dict:
         return {"targets": [{"url": t.url, "storage_options": dict(t.storage_options)} for t in self.targets],
-                "source_dir": self.source_dir}
+                "source_dir": self.source_dir, "part": self.part.to_json() if self.part else None,
+                "part_wait": self.part_wait}
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> DrainSpec:
         try:
             targets = tuple(SourceConfig(t["url"], dict(t.get("storage_options") or {})) for t in obj["targets"])
             source_dir = obj.get("source_dir")
-        except (KeyError, TypeError, AttributeError) as exc:
+            part = SavePart.from_json(obj["part"], where) if obj.get("part") is not None else None
+            part_wait = float(obj.get("part_wait", 3600.0))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise CheckpointError(f"{where}: not a drain description ({exc!r} missing or malformed)") from exc
         if not targets:
             raise CheckpointError(f"{where}: a drain needs at least one store")
-        return cls(targets, source_dir)
+        return cls(targets, source_dir, part, part_wait)
 
 
 class Entry:
@@ -100,6 +112,24 @@ class Entry:
 
     def seal(self) -> None:
         write_durably(self.path / SEALED, repr(time.time()).encode())
+
+    def finish_rank(self, rank: int, ranks: tuple[int, ...]) -> bool:
+        """Record that ``rank`` finished writing here; True for the one rank that finds all ``ranks`` done.
+
+        That rank seals the part (under a lock, so a part is sealed once however its ranks interleave).
+        """
+        folder = self.path / RANKS
+        write_durably(folder / str(rank), b"")
+        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            done = {p.name for p in folder.iterdir()}
+            if self.sealed_at is not None or not all(str(r) in done for r in ranks):
+                return False
+            self.seal()
+            return True
+        finally:
+            os.close(fd)
 
     @property
     def drained(self) -> bool:

@@ -94,7 +94,7 @@ async def verify_checkpoint(url: str, options_for: Callable[[str], dict], replic
                 elif record.path not in report.lost:
                     report.lost.append(record.path)
             if len(good[u]) == len(manifest.files) and (report.bad[u] or not manifest_ok[u]):
-                await publish(stores[u], body, manifest)
+                await publish(stores[u], body)
                 if not manifest_ok[u]:
                     report.manifest_repaired.append(u)
     return report

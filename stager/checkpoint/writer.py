@@ -10,6 +10,15 @@ handed to the drain: the node daemon's when one runs, else a drainer process
 that outlives this one (:mod:`.drainer`). ``save`` then returns; the drain
 sends it, verified, to the destination and every replica.
 
+Ranks on several nodes: each local plan says where its rank stages (host and
+staging directory); the coordinator groups the ranks by it. When there is
+more than one group, each is a part of the save (:mod:`.parts`): every rank
+is told its part in the global plan, the last of a part's ranks to finish
+writing seals that node's entry, and rank 0's part (sealed after
+``.metadata``) names every file ``.metadata`` refers to, so that its drain
+publishes the checkpoint only once every node's part is verified at a store.
+One staging directory for every rank is the single-node save, unchanged.
+
 Before any rank writes, it asks the staging directory for room for its bytes
 (:meth:`~.staging.StagingDir.make_room`): checkpoints already at every store
 make way, oldest first; otherwise the save waits up to ``wait_for_room``
@@ -18,15 +27,17 @@ seconds for the drain, then fails with :class:`~stager.errors.StagingFull`.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
+import socket
 from collections.abc import Generator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem, _item_size
+from torch.distributed.checkpoint.filesystem import FileSystem, _item_size, _StoragePrefix
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
@@ -36,11 +47,42 @@ from ..errors import CheckpointError
 from ..hashing import StreamHasher
 from .manifest import METADATA_NAME, hash_file, write_record
 from .manifest import FileRecord
+from .parts import PartPlace, SavePart
 from .staging import DrainSpec, Entry, StagingDir
 
 #: Bytes a save may write beyond its tensors' own (torch.save's zip framing, .metadata, records).
 _SLACK = 1 << 20
 DRAIN_MODES = ("auto", "process", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankPlace:
+    """Where a rank stages its files (its local plan's storage data, read by the coordinator)."""
+
+    host: str
+    staging: str
+
+
+@dataclasses.dataclass
+class _PartPrefix(_StoragePrefix):
+    """DCP's file prefix for a rank, and the part of a multi-node save its node holds."""
+
+    save: SavePart | None = None
+
+
+def _parts(plans: list[SavePlan], save_id: str) -> list[SavePart] | None:
+    """Each rank's part when the ranks stage into more than one directory (several nodes); else None."""
+    places = [plan.storage_data for plan in plans]
+    if not all(isinstance(p, _RankPlace) for p in places):
+        return None
+    groups: dict[_RankPlace, list[int]] = {}
+    for rank, place in enumerate(places):
+        groups.setdefault(place, []).append(rank)
+    if len(groups) < 2:
+        return None
+    layout = tuple(PartPlace(i, place.host, tuple(ranks)) for i, (place, ranks) in enumerate(groups.items()))
+    index = {rank: part.part for part in layout for rank in part.ranks}
+    return [SavePart(save_id, index[rank], layout) for rank in range(len(plans))]
 
 
 class _HashingStream(io.RawIOBase):
@@ -130,6 +172,8 @@ class CheckpointWriter(FileSystemWriter):
         wait_for_room: seconds a save waits for the drain to free room before it fails.
         drain: ``"auto"`` (the daemon when one runs, else a drainer process), ``"process"``
             (a drainer process) or ``"none"`` (queue only: a later drain sends it).
+        part_wait: for a save whose ranks are on several nodes, seconds rank 0's node's drain
+            waits for the other nodes' parts at a store before it gives up (a later drain waits again).
         kwargs: passed to ``FileSystemWriter`` (``thread_count``, ``sync_files``...).
 
     Raises:
@@ -141,11 +185,13 @@ class CheckpointWriter(FileSystemWriter):
                  storage_options: Mapping[str, Any] | None = None,
                  replica_options: Mapping[str, Mapping[str, Any]] | None = None,
                  staging_capacity: int | None = None, wait_for_room: float = 600.0, drain: str = "auto",
-                 block_size: int = DEFAULT_BLOCK_SIZE, **kwargs: Any) -> None:
+                 block_size: int = DEFAULT_BLOCK_SIZE, part_wait: float = 3600.0, **kwargs: Any) -> None:
         if drain not in DRAIN_MODES:
             raise CheckpointError(f"drain must be one of {', '.join(DRAIN_MODES)}, got {drain!r}")
         if wait_for_room < 0:
             raise CheckpointError(f"wait_for_room must be >= 0 seconds, got {wait_for_room}")
+        if part_wait <= 0:
+            raise CheckpointError(f"part_wait must be > 0 seconds, got {part_wait}")
         self.staging = StagingDir(staging_dir, staging_capacity)
         self.url = str(url).rstrip("/")
         super().__init__(self.staging.entry(self.url).path, **kwargs)
@@ -155,12 +201,14 @@ class CheckpointWriter(FileSystemWriter):
         self.replica_options = {str(k).rstrip("/"): dict(v) for k, v in (replica_options or {}).items()}
         self.wait_for_room = wait_for_room
         self.drain = drain
-        self.is_coordinator = False
+        self.part_wait = part_wait
+        self.part: SavePart | None = None  # set by the global plan when the save's ranks are on several nodes
 
     # -- where this save goes ------------------------------------------------------------------
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         super().reset(None)
+        self.part = None
         if checkpoint_id:
             self.url = str(checkpoint_id).rstrip("/")
             self.path = self.staging.entry(self.url).path
@@ -180,34 +228,54 @@ class CheckpointWriter(FileSystemWriter):
         targets = [SourceConfig(self.url, self.storage_options)]
         for replica in self.replicas:
             targets.append(SourceConfig(replica, self.replica_options.get(replica, self.storage_options)))
-        return DrainSpec(tuple(targets))
+        return DrainSpec(tuple(targets), part=self.part, part_wait=self.part_wait)
 
     # -- the save --------------------------------------------------------------------------
 
-    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
-        self.is_coordinator = is_coordinator
-
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         entry = Entry(self.path)
-        if entry.path.exists() and self.is_coordinator:
+        # Every rank looks (on several nodes, each has its own folder); no rank writes before all planned.
+        if entry.path.exists():
             if entry.sealed_at is not None and not entry.drained:
                 raise CheckpointError(f"{self.url}: an earlier save to this URL is still draining "
                                       f"(staged at {entry.path}); save under a new checkpoint id")
             entry.remove()  # drained already, or a save killed before it was sealed: its bytes count for nothing
         needed = sum(_item_size(item) for item in plan.items if item.tensor_data is not None) + _SLACK
         self.staging.make_room(needed, keep=entry, timeout=self.wait_for_room, kick=self._kick)
-        return super().prepare_local_plan(plan)
+        plan = super().prepare_local_plan(plan)
+        if plan.storage_data is None:  # the coordinator groups the ranks by where they stage
+            plan = dataclasses.replace(plan, storage_data=_RankPlace(socket.gethostname(), str(self.staging.root)))
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        parts = _parts(plans, self.save_id)
+        if parts is None:  # one node: DCP's own prefixes, nothing more
+            plans = [dataclasses.replace(p, storage_data=None) if isinstance(p.storage_data, _RankPlace) else p
+                     for p in plans]
+            return super().prepare_global_plan(plans)
+        return [dataclasses.replace(plan, storage_data=_PartPrefix(f"__{rank}_", parts[rank]))
+                for rank, plan in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner):  # type: ignore[override]
+        self.part = getattr(plan.storage_data, "save", None)
         self.path.mkdir(parents=True, exist_ok=True)
-        Entry(self.path).write_spec(self._spec())
-        return super().write_data(plan, planner)
+        entry = Entry(self.path)
+        entry.write_spec(self._spec())
+        written = super().write_data(plan, planner)
+        if self.part is not None and not self.part.publishes and self.rank is not None:
+            if entry.finish_rank(self.rank, self.part.place.ranks):  # this node's last rank: its part is sealed
+                self._kick()
+        return written
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         super().finish(metadata, results)
         write_record(self.path, hash_file(self.path / METADATA_NAME, METADATA_NAME, self.fs.block_size))
-        Entry(self.path).seal()
+        entry = Entry(self.path)
+        if self.part is not None:  # the drain waits for every file .metadata names, from every node
+            names = sorted({info.relative_path for info in metadata.storage_data.values()})
+            self.part = dataclasses.replace(self.part, expected=tuple(names))
+            entry.write_spec(self._spec())
+        entry.seal()
         self._kick()
 
     def _kick(self) -> None:

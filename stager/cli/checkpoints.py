@@ -62,7 +62,8 @@ def _age(seconds: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
 def list_command(url: str, storage_option: tuple[str, ...], replicas: tuple[str, ...], replica_option: tuple[str, ...],
                  staging: str | None, as_json: bool) -> None:
-    """Each checkpoint under the run URL: size, state at each store (staged, draining, complete, damaged), age."""
+    """Each checkpoint under the run URL: size, state at each store (staged, draining, incomplete, complete,
+    damaged), age; for an incomplete multi-node save, which nodes' parts are missing."""
     from ..checkpoint.inventory import list_checkpoints
     from ..checkpoint.staging import StagingDir
 
@@ -70,7 +71,7 @@ def list_command(url: str, storage_option: tuple[str, ...], replicas: tuple[str,
     found = run_async(list_checkpoints(url, options_for, replicas, StagingDir(staging) if staging else None))
     if as_json:
         click.echo(json.dumps([{"name": c.name, "step": c.step, "size": c.size, "age_s": c.age, "stores": c.states,
-                                "complete": c.complete_everywhere} for c in found], indent=1))
+                                "missing": c.missing, "complete": c.complete_everywhere} for c in found], indent=1))
         return
     if not found:
         click.echo(f"{url}: no checkpoints")
@@ -79,6 +80,8 @@ def list_command(url: str, storage_option: tuple[str, ...], replicas: tuple[str,
         size = "-" if c.size is None else f"{c.size / 1e6:.1f}MB"
         states = "  ".join(f"{u}={s}" for u, s in c.states.items())
         click.echo(f"{c.name}  {size}  age {_age(c.age)}  {states}")
+        for store, nodes in c.missing.items():
+            click.echo(f"  {store}: waiting for {', '.join(nodes)}")
 
 
 @checkpoints.command("verify")

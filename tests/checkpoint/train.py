@@ -1,7 +1,7 @@
 """A training process for the checkpoint tests: N gloo ranks save one checkpoint through CheckpointWriter.
 
 ``python -m tests.checkpoint.train CONFIG.json``: the config names the world size, a free port, the
-checkpoint's URL, replica, options and staging directory. Rank 0 prints ``SAVED <seconds>`` once every
+checkpoint's URL, replica, options and staging directory (or one per rank). Rank 0 prints ``SAVED <seconds>`` once every
 rank's ``dcp.save`` returned, then every rank sleeps until killed (the tests SIGKILL them), at most
 ``linger`` seconds.
 """
@@ -24,7 +24,9 @@ def rank_main(rank: int, config: dict) -> None:
     warnings.simplefilter("ignore")
     world = config["world"]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{config['port']}", rank=rank, world_size=world)
-    writer = CheckpointWriter(config["url"], staging_dir=config["staging"], replicas=[config["replica"]],
+    staging = config["staging"]  # a list: one staging directory per rank, as if each were on its own node
+    writer = CheckpointWriter(config["url"], staging_dir=staging[rank] if isinstance(staging, list) else staging,
+                              replicas=[config["replica"]],
                               storage_options=config["options"],
                               replica_options={config["replica"]: config["replica_options"]},
                               drain=config.get("drain", "process"), thread_count=2)
