@@ -128,7 +128,7 @@ async def build_manifest(
         info = await layouts.describe(obj.path, obj.size, hashed.probe)
         if info is not None:
             return ShardEntry(obj.path, obj.size, hashed.digest, hashed.blocks, info.dtype, info.tokens, obj.mtime,
-                              info.layout, info.column)
+                              info.layout, info.column, info.codec, info.raw_size, info.raw_digest)
         dtype, tokens = token_info(obj.path, obj.size, hashed.head, config)
         return ShardEntry(obj.path, obj.size, hashed.digest, hashed.blocks, dtype, tokens, obj.mtime)
 

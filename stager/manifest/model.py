@@ -14,6 +14,10 @@ tokens    int64, nullable           token count for token shards
 mtime     float64, nullable         seconds since the epoch, from the origin
 layout    string, optional          how a token shard is read (:data:`LAYOUTS`)
 column    string, optional          the token column of Parquet / Arrow shards
+codec     string, optional          a compressed shard's codec (:data:`CODECS`)
+raw_size  int64, optional           a compressed shard's decompressed size
+raw_digest fixed_size_binary(16),   xxh3-128 of a compressed shard's decompressed bytes
+          optional
 ========  ========================  ==============================================
 
 ``layout`` and ``column`` are optional: a manifest written before they existed
@@ -33,6 +37,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from ..codecs import CODECS as CODEC_NAMES
 from ..config import DEFAULT_BLOCK_SIZE
 
 #: The format stager writes: version 2 carries its own digest (see :mod:`.seal`).
@@ -56,10 +61,15 @@ SCHEMA = pa.schema(
 OPTIONAL_FIELDS = (
     pa.field("layout", pa.string()),
     pa.field("column", pa.string()),
+    pa.field("codec", pa.string()),
+    pa.field("raw_size", pa.int64()),
+    pa.field("raw_digest", pa.binary(16)),
 )
 
 #: What the ``layout`` column may say: the format the iterator reads a token shard as.
 LAYOUTS = frozenset({"flat", "npy", "parquet", "arrow", "megatron", "litdata", "mds"})
+#: What the ``codec`` column may say: the codecs stager decompresses, by the layouts' own names.
+CODECS = frozenset(CODEC_NAMES)
 
 
 def attach_optional(table: pa.Table, source: pa.Table) -> pa.Table:
@@ -86,6 +96,9 @@ class ShardEntry:
     mtime: float | None = None
     layout: str | None = None  # a token shard's reader (LAYOUTS); None: by its suffix
     column: str | None = None  # the token column of a Parquet / Arrow shard
+    codec: str | None = None  # a compressed shard's codec (CODECS); None: read as it is
+    raw_size: int | None = None  # a compressed shard's decompressed size
+    raw_digest: str | None = None  # xxh3-128 of its decompressed bytes, 32 lowercase hex digits
 
 
 class Manifest:
@@ -118,6 +131,8 @@ class Manifest:
         )
         for field in OPTIONAL_FIELDS:  # only when some shard needs them: older readers never see them
             values = [getattr(e, field.name) for e in rows]
+            if field.name == "raw_digest":
+                values = [None if v is None else bytes.fromhex(v) for v in values]
             if any(v is not None for v in values):
                 table = table.append_column(field, pa.array(values, field.type))
         return cls(table, block_size)
@@ -139,6 +154,9 @@ class Manifest:
             mtime=None if np.isnan(self.mtimes[index]) else float(self.mtimes[index]),
             layout=self.layouts[index],
             column=self.columns[index],
+            codec=self.codecs[index],
+            raw_size=None if self.codecs[index] is None else int(self.raw_sizes[index]),
+            raw_digest=self.raw_digest(index),
         )
 
     def __iter__(self) -> Iterator[ShardEntry]:
@@ -171,6 +189,25 @@ class Manifest:
     def columns(self) -> list[str | None]:
         """Each shard's token column (None: the reader's default), from the optional ``column`` column."""
         return self._optional("column")
+
+    @cached_property
+    def codecs(self) -> list[str | None]:
+        """Each shard's codec (None: not compressed), from the optional ``codec`` column."""
+        return self._optional("codec")
+
+    @cached_property
+    def raw_sizes(self) -> np.ndarray:
+        """Each compressed shard's decompressed size, -1 where the shard is not compressed."""
+        if "raw_size" not in self.table.schema.names:
+            return np.full(len(self), -1, np.int64)
+        return self.table.column("raw_size").fill_null(-1).to_numpy()
+
+    def raw_digest(self, index: int) -> str | None:
+        """The xxh3-128 hex digest of compressed shard ``index``'s decompressed bytes (None: not compressed)."""
+        if "raw_digest" not in self.table.schema.names:
+            return None
+        value = self.table.column("raw_digest")[index].as_py()
+        return None if value is None else value.hex()
 
     def _optional(self, name: str) -> list:
         if name in self.table.schema.names:

@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - a pyarrow that moved them
 from ..errors import ManifestError
 from ..hashing import block_count
 from ..paths import BAD_PATH_PATTERN, BAD_PATH_PROBLEM
-from .model import LAYOUTS
+from .model import CODECS, LAYOUTS
 
 MAX_SHARD_SIZE = 1 << 50  # 1 PiB: anything larger is a corrupt manifest, not a shard
 MIN_BLOCK_SIZE = 4096
@@ -83,6 +83,8 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
         coded = call_function("dictionary_encode", [filled])
         sizes_of = np.array([np.dtype(d).itemsize if d in KNOWN_DTYPES else 1 for d in coded.dictionary.to_pylist()])
         itemsize = sizes_of[coded.indices.to_numpy(zero_copy_only=False)]
+        if "raw_size" in table.schema.names:  # a compressed shard's tokens are in its decompressed form
+            sizes = np.maximum(sizes, table.column("raw_size").fill_null(-1).to_numpy())
         row = _first(tok * itemsize > sizes * 8 + 64)  # tokens cannot outnumber the bytes (parquet compresses, so slack)
         if row is not None:
             raise bad(row, f"token count {int(tok[row])} does not fit in {int(sizes[row])} bytes")
@@ -92,9 +94,33 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
         row = _first(call_function("and", [call_function("invert", [known]), call_function("is_valid", [layouts])]))
         if row is not None:
             raise bad(row, f"unknown layout {layouts[row].as_py()!r}")
+    if "codec" in table.schema.names:
+        _check_codecs(table, bad)
     if dtypes.null_count < table.num_rows:
         known = call_function("is_in", [dtypes], SetLookupOptions(pa.array(sorted(KNOWN_DTYPES))))
         unknown = call_function("invert", [call_function("coalesce", [known, pa.scalar(True)])])
         row = _first(call_function("and", [unknown, call_function("is_valid", [dtypes])]))
         if row is not None:
             raise bad(row, f"unknown dtype {dtypes[row].as_py()!r}")
+
+
+def _check_codecs(table: pa.Table, bad) -> None:
+    """A compressed shard names a known codec and carries its decompressed size and digest."""
+    codecs = table.column("codec")
+    if codecs.null_count == table.num_rows:
+        return
+    known = call_function("is_in", [codecs], SetLookupOptions(pa.array(sorted(CODECS))))
+    row = _first(call_function("and", [call_function("invert", [known]), call_function("is_valid", [codecs])]))
+    if row is not None:
+        raise bad(row, f"unknown codec {codecs[row].as_py()!r}")
+    compressed = call_function("is_valid", [codecs]).to_numpy(zero_copy_only=False)
+    for name in ("raw_size", "raw_digest"):
+        present = (call_function("is_valid", [table.column(name)]).to_numpy(zero_copy_only=False)
+                   if name in table.schema.names else np.zeros(table.num_rows, bool))
+        row = _first(compressed & ~present)
+        if row is not None:
+            raise bad(row, f"is compressed ({codecs[row].as_py()}) but has no {name}")
+    raw = table.column("raw_size").fill_null(0).to_numpy()
+    row = _first((raw < 0) | (raw > MAX_SHARD_SIZE))
+    if row is not None:
+        raise bad(row, f"raw_size {int(raw[row])} is negative or absurd")

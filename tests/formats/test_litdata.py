@@ -51,10 +51,14 @@ def test_a_truncated_chunk_and_an_index_that_disagrees_are_refused(tmp_path, cap
     (data / "index.json").write_text(json.dumps(index_json))
     assert "chunk-0-2.bin: 5156 bytes, " in refused(data, capsys)
     index_json["chunks"][2]["dim"] -= 5
-    index_json["config"]["compression"] = "zstd"
+    index_json["config"].update(compression="zstd", compression_level="batch")  # zstd frames inside each chunk
     (data / "index.json").write_text(json.dumps(index_json))
-    assert "index.json: compressed or encrypted LitData chunks are not supported yet" in refused(data, capsys)
-    index_json["config"]["compression"] = None
+    assert "index.json: LitData compression_level 'batch' (zstd frames inside each chunk) is not supported" \
+        in refused(data, capsys)
+    index_json["config"].update(compression=None, compression_level=None, encryption={"algorithm": "fernet"})
+    (data / "index.json").write_text(json.dumps(index_json))
+    assert "index.json: encrypted LitData chunks are not supported" in refused(data, capsys)
+    index_json["config"]["encryption"] = None
     index_json["chunks"][0]["filename"] = "chunk-9-9.bin"
     (data / "index.json").write_text(json.dumps(index_json))
     assert "index.json: lists chunk-9-9.bin, which is not there" in refused(data, capsys)

@@ -65,9 +65,12 @@ def test_a_truncated_shard_a_wrong_hash_and_a_disagreeing_index_are_refused(tmp_
     line = refused(data, capsys)
     assert "shard.00002.mds: disagrees with " in line and "holds 38 samples, " in line
     index_json["shards"][2]["samples"] -= 1
-    index_json["shards"][0]["zip_data"] = {"basename": "shard.00000.mds.zstd", "bytes": 10, "hashes": {}}
+    index_json["shards"][0]["zip_data"] = {"basename": "shard.00000.mds.lz9", "bytes": 10, "hashes": {}}
+    index_json["shards"][0]["compression"] = "lz9"
     (data / "index.json").write_text(json.dumps(index_json))
-    assert "compressed MDS shards (shard.00000.mds.zstd) are not supported yet" in refused(data, capsys)
+    (data / "shard.00000.mds").rename(data / "shard.00000.mds.lz9")  # compressed only, as MDSWriter leaves it
+    assert "shard shard.00000.mds.lz9: compression 'lz9' is not one stager decompresses" in refused(data, capsys)
+    (data / "shard.00000.mds.lz9").rename(data / "shard.00000.mds")
     index_json["shards"][0]["zip_data"] = None
     (data / "index.json").write_text(json.dumps(index_json))
     assert "no token column input_ids" in refused(data, capsys, "--token-column", "input_ids")

@@ -12,6 +12,7 @@ says what the manifest records: dtype, token count, reader and column.
 from __future__ import annotations
 
 import abc
+import asyncio
 import json
 import posixpath
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ class TokenInfo:
     tokens: int | None = None
     layout: str | None = None  # the reader (stager.manifest.model.LAYOUTS); None: by suffix
     column: str | None = None
+    codec: str | None = None  # a compressed shard: its codec, decompressed size and digest (xxh3-128 hex)
+    raw_size: int | None = None
+    raw_digest: str | None = None
 
 
 NOT_TOKENS = TokenInfo()
@@ -114,6 +118,8 @@ class IndexedLayout(DatasetLayout):
 
     async def describe(self, path: str, size: int, probe: Probe | None) -> TokenInfo:
         assert probe is not None
+        if getattr(probe, "inflates", False):  # decompresses the whole shard: off the event loop
+            return await asyncio.to_thread(probe.finish)
         return probe.finish()
 
 

@@ -11,9 +11,15 @@ the chunk is ``dim`` flat tokens: for stager a flat token shard that starts
 past the header, memory-mapped. ``TokensLoader(block_size=B)`` cuts each chunk
 into ``dim // B`` samples from its start, which is what stager's windows of
 ``seq_len=B`` are. Indexing checks each chunk against ``index.json`` as it is
-hashed (size, item count, offsets, token count). Compressed chunks
-(``chunk-R-I.zstd.bin``) are refused for now: stager would have to keep their
-decompressed form in the cache.
+hashed (size, item count, offsets, token count).
+
+Chunks compressed whole (``config.compression: zstd`` with ``compression_level:
+chunk``, files ``chunk-R-I.zstd.bin``) are the compressed files in the
+manifest; each is decompressed once as it is indexed and checked as above
+(``chunk_bytes`` is the decompressed size), see :mod:`.compressed`. zstd frames
+inside a ``.bin`` (``compression_level: batch`` or ``sample``, litdata's
+default for zstd) and encrypted chunks are refused: their tokens are not one
+stream stager can map.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import struct
 
 import numpy as np
 
+from ...codecs import codec_name
 from ...errors import ManifestError
 from .base import NOT_TOKENS, IndexedLayout, Probe, TokenInfo, read_index_json
+from .compressed import InflatingProbe
 
 #: litdata.constants._TORCH_DTYPES_MAPPING, the integer entries.
 TORCH_DTYPES = {11: "uint8", 12: "int8", 13: "int16", 14: "int16", 15: "int32", 16: "int32", 17: "int64",
@@ -87,7 +95,11 @@ class LitDataLayout(IndexedLayout):
     title = "LitData"
 
     def make_probe(self, name: str, index_name: str, entry: dict, extra: object) -> Probe:
-        return ChunkProbe(name, index_name, entry, str(extra))  # extra: the chunk's dtype
+        dtype, codec = extra  # type: ignore[misc]
+        if codec is None:
+            return ChunkProbe(name, index_name, entry, dtype)
+        inner = ChunkProbe(f"{name} (decompressed)", index_name, entry, dtype)
+        return InflatingProbe(name, index_name, codec, int(entry["chunk_bytes"]), inner)
 
 def parse_index(name: str, data: bytes, sizes: dict[str, int], folder: str) -> dict | None:
     """A LitData ``index.json``'s content, or None when it is another layout's (MDS has one too)."""
@@ -101,11 +113,11 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
     """The LitData datasets of a listing (path -> size), each ``index.json`` checked against the files.
 
     Raises:
-        ManifestError: a bad ``index.json``, a chunk it lists that is missing or compressed; with
-            ``required``, no LitData ``index.json`` at all.
+        ManifestError: a bad ``index.json``, a chunk it lists that is missing, encrypted or compressed
+            in a way stager cannot read; with ``required``, no LitData ``index.json`` at all.
     """
     root = store.url.rstrip("/")
-    chunks: dict[str, tuple[str, dict, str]] = {}
+    chunks: dict[str, tuple[str, dict, tuple[str, str | None]]] = {}
     for index in (p for p in sizes if posixpath.basename(p) == "index.json"):
         name = f"{root}/{index}"
         content = parse_index(name, await store.read(index), sizes, posixpath.dirname(index))
@@ -114,9 +126,7 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
         try:
             config = content["config"]
             dtype = chunk_dtype(name, config)
-            if config.get("compression") or config.get("encryption"):
-                raise ManifestError(f"{name}: compressed or encrypted LitData chunks are not supported yet "
-                                    f"(optimize with compression=None to read them in place)")
+            codec = _chunk_codec(name, config)
             for chunk in content["chunks"]:
                 path = posixpath.join(posixpath.dirname(index), chunk["filename"])
                 for key in ("chunk_size", "chunk_bytes", "dim"):
@@ -125,7 +135,31 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
                                             f"is not a count")
                 if path not in sizes:
                     raise ManifestError(f"{name}: lists {chunk['filename']}, which is not there")
-                chunks[path] = (index, chunk, dtype)
+                # litdata names a chunk it compressed whole chunk-R-I.<compression>.bin (and leaves others as they are)
+                compressed = codec is not None and str(chunk["filename"]).endswith(f".{config['compression']}.bin")
+                chunks[path] = (index, chunk, (dtype, codec if compressed else None))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{name}: not a LitData index (missing or bad {exc})") from exc
     return LitDataLayout.found(root, chunks, required)
+
+
+def _chunk_codec(name: str, config: dict) -> str | None:
+    """The codec of a dataset's chunks compressed whole, None if they are not compressed.
+
+    Raises:
+        ManifestError: encrypted chunks, zstd frames inside the chunks, or a codec stager does not know.
+    """
+    if config.get("encryption"):
+        raise ManifestError(f"{name}: encrypted LitData chunks are not supported (optimize without encryption)")
+    compression = config.get("compression")
+    if not compression:
+        return None
+    level = config.get("compression_level") or "chunk"
+    if level != "chunk":
+        raise ManifestError(f"{name}: LitData compression_level {level!r} (zstd frames inside each chunk) is not "
+                            f"supported; optimize with compression_level='chunk' (whole .zstd.bin chunks) or "
+                            f"without compression")
+    try:
+        return codec_name(compression)
+    except ValueError as exc:
+        raise ManifestError(f"{name}: {exc}") from exc

@@ -15,8 +15,13 @@ sample, are the shard's token stream. Indexing follows each shard as it is
 hashed, one sample at a time, checking the sample count and offsets against
 ``index.json``, counting tokens, and checking the layout's own hashes
 (``sha1``, ``xxh64``, ...); a shard that disagrees is refused naming it.
-Compressed shards (``.mds.zstd``) are refused for now: stager would have to
-keep their decompressed form in the cache.
+
+A compressed shard (``zip_data``: ``shard.00000.mds.zstd``, ``compression:
+zstd``, ``zstd:N``, ``gz``, ``bz2``, ``br``, ``snappy``) is the compressed file
+in the manifest, its own size and hashes (``zip_data``) checked as it is
+hashed; then it is decompressed once and followed as above against
+``raw_data`` (:mod:`.compressed`). Where the decompressed file lies beside it
+too, that one is the shard (read in place, nothing to decompress).
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ import struct
 import numpy as np
 import xxhash
 
+from ...codecs import codec_name
 from ...errors import ManifestError
 from .base import NOT_TOKENS, IndexedLayout, Probe, TokenInfo, read_index_json
 from .columns import candidates
+from .compressed import InflatingProbe
 
 INTEGER_DTYPES = frozenset({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"})
 SHAPE_DTYPES = {0: "uint8", 1: "uint16", 2: "uint32", 3: "uint64"}
@@ -191,18 +198,26 @@ class MdsLayout(IndexedLayout):
     title = "MDS"
 
     def make_probe(self, name: str, index_name: str, entry: dict, extra: object) -> Probe:
-        assert isinstance(extra, TokenColumn)
-        return ShardProbe(name, index_name, entry, extra)
+        column, codec = extra  # type: ignore[misc]
+        assert isinstance(column, TokenColumn)
+        if codec is None:
+            return ShardProbe(name, index_name, entry, column)
+        inner = ShardProbe(f"{name} (decompressed)", index_name, entry, column)
+        zipped = entry["zip_data"]
+        hashers = {algo: (h, digest) for algo, digest in (zipped.get("hashes") or {}).items()
+                   if (h := _hasher(algo)) is not None}
+        return InflatingProbe(name, index_name, codec, int(entry["raw_data"]["bytes"]), inner,
+                              size=int(zipped["bytes"]), hashers=hashers)
 
 async def find(store, sizes: dict[str, int], column: str | None, required: bool) -> MdsLayout | None:
     """The MDS datasets of a listing (path -> size), each ``index.json`` checked against the files.
 
     Raises:
-        ManifestError: a bad ``index.json``, a shard that is missing, compressed or has no token
-            column; with ``required``, no MDS ``index.json`` at all.
+        ManifestError: a bad ``index.json``, a shard that is missing, compressed with a codec stager
+            does not know, or has no token column; with ``required``, no MDS ``index.json`` at all.
     """
     root = store.url.rstrip("/")
-    shards: dict[str, tuple[str, dict, TokenColumn]] = {}
+    shards: dict[str, tuple[str, dict, tuple[TokenColumn, str | None]]] = {}
     for index in (p for p in sizes if posixpath.basename(p) == "index.json"):
         name = f"{root}/{index}"
         content = read_index_json(name, await store.read(index), sizes, posixpath.dirname(index),
@@ -216,16 +231,26 @@ async def find(store, sizes: dict[str, int], column: str | None, required: bool)
             for shard in content["shards"]:
                 if shard.get("format") != "mds":
                     raise ManifestError(f"{name}: shard format {shard.get('format')!r} is not mds")
-                if shard.get("zip_data"):
-                    raise ManifestError(f"{name}: compressed MDS shards ({shard['zip_data']['basename']}) are not "
-                                        f"supported yet (write with compression=None to read them in place)")
-                path = posixpath.join(posixpath.dirname(index), shard["raw_data"]["basename"])
-                if path not in sizes:
+                folder = posixpath.dirname(index)
+                path, codec = posixpath.join(folder, shard["raw_data"]["basename"]), None
+                if shard.get("zip_data") and path not in sizes:  # compressed (and only so, as MDSWriter leaves it)
+                    path = posixpath.join(folder, shard["zip_data"]["basename"])
+                    try:
+                        codec = codec_name(shard.get("compression") or "")
+                    except ValueError as exc:
+                        raise ManifestError(f"{name}: shard {shard['zip_data']['basename']}: {exc}") from exc
+                    if path not in sizes:
+                        raise ManifestError(f"{name}: lists {shard['zip_data']['basename']}, which is not there")
+                    for key, value in (("zip_data", shard["zip_data"]["bytes"]), ("raw_data", shard["raw_data"]["bytes"])):
+                        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                            raise ManifestError(f"{name}: shard {shard['zip_data']['basename']}: {key} bytes "
+                                                f"{value!r} is not a size")
+                elif path not in sizes:
                     raise ManifestError(f"{name}: lists {shard['raw_data']['basename']}, which is not there")
                 if not isinstance(shard["samples"], int) or shard["samples"] < 0:
                     raise ManifestError(f"{name}: shard {shard['raw_data']['basename']}: samples "
                                         f"{shard['samples']!r} is not a count")
-                shards[path] = (index, shard, TokenColumn(name, shard, column))
+                shards[path] = (index, shard, (TokenColumn(name, shard, column), codec))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, ManifestError):
                 raise
