@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from ..cache import CacheTier
+from ..cache.inflate import InflatedForm, Inflater
 from ..cache.layout import CacheLayout
 from ..cache.reader import BlockReads, VerifiedReads
 from ..config import SourceConfig
@@ -105,7 +106,8 @@ class TokenIterator:
         self._cache_layout = CacheLayout(self.cache_config.directory)
         self._blocks: BlockReads | None = None  # the cache reader's probe and drop, made on first use
         self._reads: VerifiedReads | None = None  # files checked by this process, made on first use
-        self._cache: CacheTier | None = None  # opened only to drop a blob found bad on disk
+        self._cache: CacheTier | None = None  # opened to drop a blob found bad on disk, and by the inflater
+        self._inflater: Inflater | None = None  # compressed shards' decompressed forms, made on first use
         self._check_capacity()
 
     def _check_capacity(self) -> None:
@@ -325,6 +327,8 @@ class TokenIterator:
         name = m.paths[shard]
         reader = reader_for(name, token_column=self.config.token_column, layout=m.layouts[shard],
                             column=m.columns[shard])
+        if m.codecs[shard] is not None:  # compressed: its decompressed form is what the reader opens
+            return reader.open(self._inflated(link, shard, position), name, m.dtypes[shard], int(m.tokens[shard]))
         complete = self._block_reads().complete(m.digest(shard))
         if complete is not None:
             # Staged already (a complete file exists only after its verified rename): read it
@@ -357,6 +361,34 @@ class TokenIterator:
                 raise CacheCorrupt(f"{self.source.url}/{name}: {again}; fetched again, and the copy on "
                                    "the cache disk is bad again") from exc
         return reader.open(data, name, m.dtypes[shard], int(m.tokens[shard]))
+
+    def _inflated(self, link: StagingLink, shard: int, position: int) -> memoryview | bytes:
+        """The decompressed form of compressed ``shard``, made once into the cache from its staged, verified
+        blob (:mod:`stager.cache.inflate`), checked against the manifest's ``raw_digest``, mapped."""
+        m = self.manifest
+        name = m.paths[shard]
+        form = InflatedForm(f"{self.source.url}/{name}", m.codecs[shard], int(m.raw_sizes[shard]),
+                            m.raw_digest(shard), m.block_size)
+
+        def compressed() -> memoryview | bytes:
+            complete = self._block_reads().complete(m.digest(shard))
+            if complete is not None:
+                try:
+                    return self._map_checked(complete, shard)
+                except (CacheCorrupt, FileNotFoundError):
+                    pass  # dropped as bad, or evicted since: staged again below
+            began = time.monotonic()
+            path = self._ready(link, position, name)
+            self._stats.opened(False, time.monotonic() - began)
+            try:
+                return self._map_checked(path, shard)
+            except (CacheCorrupt, FileNotFoundError):
+                self._stats.refetches += 1
+                return self._map_checked(self._ready(link, position, name), shard)
+
+        if self._inflater is None:
+            self._inflater = Inflater(self._cache_view, self._cache_layout.complete_path, self._verified_reads())
+        return self._inflater.open(form, compressed)
 
     def _map_checked(self, path: Path, shard: int) -> memoryview | bytes:
         """The complete cache file of ``shard`` mapped, its bytes checked against the blob digest the
@@ -487,5 +519,6 @@ class TokenIterator:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # A copy stages through its own session, and checks files and opens the cache in its own process.
-        state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None, _reads=None, _cache=None, _blocks=None)
+        state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None, _reads=None, _cache=None, _blocks=None,
+                     _inflater=None)
         return state
