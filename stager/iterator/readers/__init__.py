@@ -16,7 +16,9 @@ came from its ``.idx``), and the manifest's ``column`` names the token column.
 
 Readers only ever get a complete cache file (what a plan's ``ready``
 returns), never a partial one, as the memory map the iterator checked against
-the blob's digest before handing it over (:mod:`stager.cache.reader`). A new format is a new module
+the blob's digest before handing it over (:mod:`stager.cache.reader`). For a compressed shard (the
+manifest's ``codec``) the reader gets its decompressed form instead, made once into the cache and
+checked against the manifest's ``raw_digest`` (:mod:`stager.cache.inflate`). A new format is a new module
 with a :class:`ShardReader` and a line in :func:`reader_for`.
 """
 
