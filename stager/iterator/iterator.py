@@ -126,6 +126,8 @@ class TokenIterator:
         """
         per_window = self.order_spec.shards_per_window
         sizes = np.asarray(self.manifest.sizes, dtype=np.int64)[self.index.shards]
+        # A compressed shard takes its decompressed form's room too (stager.cache.inflate).
+        sizes = sizes + np.maximum(self.manifest.raw_sizes[self.index.shards], 0)
         if not len(sizes):
             return
         charged = np.sort(-(-sizes // RESERVATION_UNIT) * RESERVATION_UNIT)[::-1]  # as the cache counts them

@@ -182,3 +182,13 @@ def test_consumers_in_two_processes_share_one_cache_without_racing(tmp_path, cap
     assert len(as_multiset(native)) == len(native)
     made = decompressed_files(cache, manifest)
     assert all(p.exists() for p in made) and not any((cache / "partial").glob("*"))
+
+
+def test_a_cache_with_room_for_the_compressed_shards_only_is_refused_up_front(tmp_path, capsys):
+    from stager.errors import ConfigError
+
+    data = copy(tmp_path, "mds", "zstd")
+    index(data, capsys)
+    # two windows of two compressed shards fit in 20,000 bytes; with their decompressed forms they do not
+    with pytest.raises(ConfigError, match="too small for shuffle_window=2"):
+        epoch(data, tmp_path / "cache", SEQ, capacity=20_000)
