@@ -13,7 +13,9 @@ previous manifest or the new one, never half of one. Datasets another loader
 wrote (MosaicML MDS, LitData, Hugging Face Arrow, Megatron, Parquet of any
 token column shape) are indexed in place by :mod:`.layouts`, which records in
 two optional columns (``layout``, ``column``) how the iterator reads each
-token shard.
+token shard, and for a compressed one (MDS ``zip_data``, LitData ``.zstd.bin``)
+three more (``codec``, ``raw_size``, ``raw_digest``) that describe the
+decompressed form the cache makes of it and checks.
 """
 
 from __future__ import annotations
