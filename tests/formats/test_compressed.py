@@ -192,3 +192,16 @@ def test_a_cache_with_room_for_the_compressed_shards_only_is_refused_up_front(tm
     # two windows of two compressed shards fit in 20,000 bytes; with their decompressed forms they do not
     with pytest.raises(ConfigError, match="too small for shuffle_window=2"):
         epoch(data, tmp_path / "cache", SEQ, capacity=20_000)
+
+
+def test_a_dataset_larger_than_the_cache_streams_through_it_decompressed_forms_and_all(tmp_path, capsys):
+    data = copy(tmp_path, "mds", "zstd")
+    index(data, capsys)
+    native = [row for key, tokens in MDS_EXPECTED.items() if key.startswith("zstd/") for row in tokens.reshape(-1, SEQ)]
+    cache = tmp_path / "cache"
+    # room for two windows of one shard each (compressed and decompressed), not for the three shards' six blobs
+    for number in range(2):
+        samples = epoch(data, cache, SEQ, epoch_number=number, capacity=28_672, shuffle_window=1)
+        assert_every_sample_once(samples, native)
+    with CacheTier(CacheConfig(directory=cache, capacity=28_672), reconcile=False) as tier:
+        assert tier.usage().used <= 28_672
