@@ -372,11 +372,16 @@ class TokenIterator:
         form = InflatedForm(f"{self.source.url}/{name}", m.codecs[shard], int(m.raw_sizes[shard]),
                             m.raw_digest(shard), m.block_size)
 
+        staged = []  # whether the compressed blob had to be asked for (its decompressed form was not there)
+
         def compressed() -> memoryview | bytes:
+            staged.append(True)
             complete = self._block_reads().complete(m.digest(shard))
             if complete is not None:
                 try:
-                    return self._map_checked(complete, shard)
+                    data = self._map_checked(complete, shard)
+                    self._stats.opened(True, 0.0)
+                    return data
                 except (CacheCorrupt, FileNotFoundError):
                     pass  # dropped as bad, or evicted since: staged again below
             began = time.monotonic()
@@ -390,7 +395,10 @@ class TokenIterator:
 
         if self._inflater is None:
             self._inflater = Inflater(self._cache_view, self._cache_layout.complete_path, self._verified_reads())
-        return self._inflater.open(form, compressed)
+        data = self._inflater.open(form, compressed)
+        if not staged:
+            self._stats.opened(True, 0.0)  # its decompressed form was in the cache: read without the engine
+        return data
 
     def _map_checked(self, path: Path, shard: int) -> memoryview | bytes:
         """The complete cache file of ``shard`` mapped, its bytes checked against the blob digest the
