@@ -205,3 +205,19 @@ def test_a_dataset_larger_than_the_cache_streams_through_it_decompressed_forms_a
         assert_every_sample_once(samples, native)
     with CacheTier(CacheConfig(directory=cache, capacity=28_672), reconcile=False) as tier:
         assert tier.usage().used <= 28_672
+
+
+def test_a_decompressed_mds_shard_beside_its_compressed_one_is_read_in_place(tmp_path, capsys):
+    from stager.codecs import decompress
+
+    data = copy(tmp_path, "mds", "zstd")
+    shard = json.loads((data / "index.json").read_text())["shards"][0]
+    packed = (data / shard["zip_data"]["basename"]).read_bytes()
+    raw = b"".join(bytes(p) for p in decompress("zstd", packed, shard["raw_data"]["bytes"]))
+    (data / shard["raw_data"]["basename"]).write_bytes(raw)  # as StreamingDataset leaves its local copy
+    manifest = index(data, capsys)
+    plain = manifest.index_of(shard["raw_data"]["basename"])
+    assert (manifest.layouts[plain], manifest.codecs[plain], int(manifest.sizes[plain])) == ("mds", None, len(raw))
+    assert manifest.tokens[manifest.index_of(shard["zip_data"]["basename"])] == -1  # a plain file beside it
+    native = [row for key, tokens in MDS_EXPECTED.items() if key.startswith("zstd/") for row in tokens.reshape(-1, SEQ)]
+    assert_every_sample_once(epoch(data, tmp_path / "cache", SEQ), native)
