@@ -159,11 +159,11 @@ class Plan:
                     next_pos += 1
                 if next_pos >= len(self.order) and not in_flight:
                     return
-                waiters = {asyncio.ensure_future(self._moved.wait()), *in_flight.values()}
-                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                for w in waiters:
-                    if w not in in_flight.values() and not w.done():
-                        w.cancel()
+                moved = asyncio.ensure_future(self._moved.wait())
+                try:
+                    await asyncio.wait({moved, *in_flight.values()}, return_when=asyncio.FIRST_COMPLETED)
+                finally:  # also when the plan is closed meanwhile: a pending waiter left behind is a leak
+                    moved.cancel()
                 for pos, task in list(in_flight.items()):
                     if not task.done():
                         continue

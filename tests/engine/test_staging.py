@@ -193,3 +193,21 @@ async def test_streamed_blocks_are_written_past_the_page_cache(http_origin, tmp_
             # Only the blob's last, partial page goes through the page cache.
             assert resident <= (1 if entry.size % ALIGN else 0), f"{resident} of {pages} pages were buffered"
         assert_cache_matches(cache, manifest, root)
+
+
+async def test_a_plan_closed_mid_prefetch_leaves_no_task_behind(http_origin, fault_proxy, tmp_path):
+    """Closing a plan while it waits for its fetches must cancel its wait on the cursor too: a task left
+    pending is destroyed by the collector later ("Task was destroyed but it is pending!")."""
+    make_corpus(http_origin.root / "corpus", shards=8, tokens=100_000)
+    proxy = fault_proxy(http_origin, FaultPlan(bandwidth_bps=2_000_000))  # slow: the plan is mid-prefetch
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            before = asyncio.all_tasks()
+            plan = engine.plan(dataset, name="consumer")
+            await asyncio.sleep(0.3)  # its prefetch loop is waiting on fetches and on the cursor
+            await plan.close()
+        # the engine is closed: its blob jobs (which outlive plans) are gone too; nothing may still wait
+        await asyncio.sleep(0)  # cancelled tasks run their last step
+        left = [t for t in asyncio.all_tasks() - before if not t.done() and "Event.wait" in repr(t.get_coro())]
+        assert left == []
