@@ -114,23 +114,42 @@ def child(mode: str, config: dict) -> dict:
 
 
 def raw_upload(config: dict) -> dict:
-    """The stores' capacity as the proxies shape it: the staged files sent to both stores at once, one PUT
-    each, all in parallel, with nothing verified (no read back, no MD5, no journal)."""
+    """The stores' capacity as the proxies shape it, through the drain's own transport: the staged files sent
+    to both stores at once in multipart uploads of the drain's part size, as many parts in flight as the
+    drain allows in all, with nothing verified (no read back, no MD5, no journal)."""
     import asyncio
 
+    from stager.checkpoint.transfer import DEFAULT_PART_SIZE
     from stager.config import SourceConfig
     from stager.store import open_store
 
+    in_flight = 8  # the drain's default: one Sender, shared by every store
     files = {p.name: p.read_bytes() for p in sorted(Path(config["raw_from"]).iterdir()) if p.is_file()}
+    slots = None
+
+    async def send(store, name: str, data: bytes) -> None:
+        if len(data) <= DEFAULT_PART_SIZE:
+            async with slots:
+                await store.write(name, data)
+            return
+        upload = await store.open_upload(name, part_size=DEFAULT_PART_SIZE)
+
+        async def part(number: int) -> None:
+            async with slots:
+                start = (number - 1) * DEFAULT_PART_SIZE
+                await upload.write_part(number, data[start:start + DEFAULT_PART_SIZE])
+
+        await asyncio.gather(*(part(n) for n in range(1, -(-len(data) // DEFAULT_PART_SIZE) + 1)))
+        await upload.complete()
 
     async def one_store(url: str, options: dict) -> None:
-        async with open_store(SourceConfig(url, options), concurrency=len(files)) as store:
-            # the data files at once, then .metadata, as a drain sends them (a tiny PUT beside big ones
-            # through the proxy has been seen to get no answer for a minute)
-            await asyncio.gather(*(store.write(n, d) for n, d in files.items() if n != ".metadata"))
-            await store.write(".metadata", files[".metadata"])
+        async with open_store(SourceConfig(url, options), concurrency=in_flight) as store:
+            await asyncio.gather(*(send(store, n, d) for n, d in files.items() if n != ".metadata"))
+            await send(store, ".metadata", files[".metadata"])  # last, as the drain publishes it
 
     async def both() -> None:
+        nonlocal slots
+        slots = asyncio.Semaphore(in_flight)
         await asyncio.gather(one_store(config["dest_url"] + "/raw", config["dest_options"]),
                              one_store(config["replica_url"] + "/raw", config["replica_options"]))
 
