@@ -158,18 +158,20 @@ def _tokens_header(leaves: np.ndarray) -> memoryview:
     return memoryview(struct.pack("<I", count) + offsets.astype("<u4").tobytes())
 
 
-def _leaves(raw: memoryview, sizes: np.ndarray, first: int) -> memoryview:
+def _leaves(raw: memoryview | bytes, sizes: np.ndarray, first: int) -> memoryview:
     """The one leaf of each item in ``raw`` (items of ``sizes`` bytes), checked against its size word."""
-    out = bytearray(int(sizes.sum()) - 4 * len(sizes))
-    pos = at = 0
-    for n, size in enumerate(sizes.tolist()):
-        word = int.from_bytes(raw[pos:pos + 4], "little")
-        if word != size - 4:
-            raise ValueError(f"item {first + n} is {size} bytes, its leaf size word says {word} (+4): "
-                             f"not one leaf, or corrupt")
-        out[at:at + word] = raw[pos + 4:pos + size]
-        pos, at = pos + size, at + word
-    return memoryview(out)
+    data = np.frombuffer(raw, np.uint8)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    words_at = starts[:, None] + np.arange(4)
+    words = data[words_at].astype(np.int64) @ np.array([1, 1 << 8, 1 << 16, 1 << 24], np.int64)
+    wrong = np.flatnonzero(words != sizes - 4)
+    if len(wrong):
+        n = int(wrong[0])
+        raise ValueError(f"item {first + n} is {int(sizes[n])} bytes, its leaf size word says {int(words[n])} "
+                         f"(+4): not one leaf, or corrupt")
+    keep = np.ones(len(data), bool)
+    keep[words_at.ravel()] = False
+    return memoryview(data[keep])
 
 
 def _unframe_batch(view: memoryview) -> Iterator[memoryview]:
@@ -257,16 +259,22 @@ def _unframe_sample(view: memoryview, limit: int | None) -> Iterator[memoryview]
     if limit is not None and int(items.sum()) - 4 * count + start > limit:
         raise ValueError(f"its items decompress to more than {limit} bytes")
     yield _tokens_header(items - 4)
+    codec = pa.Codec("zstd")
     for n, frame in enumerate(frames):
-        raw = _inflate_one(frame, n, None, int(items[n])) if known else raws[n]
-        yield _leaves(memoryview(raw), items[n:n + 1], n)
+        raw = memoryview(_inflate_one(frame, n, None, int(items[n]), codec) if known else raws[n])
+        word = int.from_bytes(raw[:4], "little")
+        if word != len(raw) - 4:
+            raise ValueError(f"item {n} is {len(raw)} bytes, its leaf size word says {word} (+4): not one leaf, "
+                             f"or corrupt")
+        yield raw[4:]
 
 
-def _inflate_one(frame: memoryview, n: int, limit: int | None, size: int | None = None) -> bytes:
+def _inflate_one(frame: memoryview, n: int, limit: int | None, size: int | None = None,
+                 codec: pa.Codec | None = None) -> bytes:
     """Item ``n``'s zstd frame decompressed (to ``size`` bytes, or at most ``limit`` where it says none)."""
     try:
         if size is not None:
-            raw = pa.Codec("zstd").decompress(frame, decompressed_size=size, asbytes=True)
+            raw = (codec or pa.Codec("zstd")).decompress(frame, decompressed_size=size, asbytes=True)
         else:
             stream = pa.CompressedInputStream(pa.BufferReader(pa.py_buffer(frame)), "zstd")
             raw = stream.read((limit if limit is not None else _LIMIT) + 1)
