@@ -190,3 +190,33 @@ def test_a_decompressed_framed_chunk_changed_on_the_cache_disk_is_made_again_nev
         fh.write(bytes([good[-3] ^ 0x01]))
     assert_every_sample_once(epoch(data, cache, SEQ, epoch_number=1), windows)  # a new iterator's checks
     assert victim.read_bytes() == good
+
+
+def test_sample_items_whose_zstd_frames_record_no_size_are_read_too(tmp_path, capsys):
+    """litdata's zstd frames say their size; a streaming zstd writer's do not: the items are then
+    decompressed to learn it (and still checked)."""
+    import pyarrow as pa
+
+    data = copy(tmp_path, "sample")
+    chunk = data / "chunk-0-3.bin"
+    good = chunk.read_bytes()
+    count = struct.unpack_from("<I", good, 0)[0]
+    offsets = np.frombuffer(good, "<u4", count + 1, 4)
+    items = []
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        raw = pa.CompressedInputStream(pa.BufferReader(good[a:b]), "zstd").read()
+        sink = pa.BufferOutputStream()
+        with pa.CompressedOutputStream(sink, "zstd") as out:
+            out.write(raw)
+        items.append(sink.getvalue().to_pybytes())
+    start = (count + 2) * 4
+    table = np.cumsum([start] + [len(i) for i in items]).astype("<u4")
+    assert items[0][4] & 0xC0 == 0 and not items[0][4] & 0x20  # no content size in these frames' headers
+    chunk.write_bytes(struct.pack("<I", count) + table.tobytes() + b"".join(items))
+    index_json = json.loads((data / "index.json").read_text())
+    index_json["chunks"][3]["chunk_bytes"] = chunk.stat().st_size
+    (data / "index.json").write_text(json.dumps(index_json))
+    manifest = index(data, capsys)
+    streams, windows = native("sample")
+    assert int(manifest.tokens[manifest.index_of("chunk-0-3.bin")]) == len(streams["chunk-0-3.bin"])
+    assert_every_sample_once(epoch(data, tmp_path / "cache", SEQ), windows)
