@@ -10,17 +10,33 @@ a shard holds a piece of it in memory, not the whole; snappy (a block format wit
 decompressed in one piece of its known size.
 
 A codec is named as the layout names it; the level after ``:`` only mattered to the writer.
+
+LitData's default for ``compression="zstd"`` keeps zstd frames inside a ``.bin`` chunk instead
+(``compression_level: batch``: a frame table after the magic ``LDFZ01``, one frame per
+``compression_batch_size`` items; ``sample``: the classic chunk header, each item its own frame), and
+writes it only for ``PyTreeLoader`` chunks, whose items each start with a u32 per leaf giving the
+leaf's size. The manifest names those two ``zstd-batch`` and ``zstd-sample`` (:data:`FRAMED`), and
+their decompressed form is not the chunk's own bytes but what stager's LitData reader maps: the
+``TokensLoader`` layout of the same items (``num_items``, ``num_items + 1`` offsets, then each item's
+one leaf, its tokens, back to back), see :func:`unframe`. Every offset, frame and size word is checked
+against the file on the way, frame by frame, so a truncated chunk or a frame table that disagrees is
+refused, never read past.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 
-#: The layout's codec name -> pyarrow's. The manifest records the layout's (without the level).
+#: LitData's zstd frames inside a chunk, by its ``compression_level`` -> the manifest's codec name.
+FRAMED = {"batch": "zstd-batch", "sample": "zstd-sample"}
+#: The layout's codec name (and the framed ones) -> pyarrow's. The manifest records the layout's (without
+#: the level).
 CODECS = {"zstd": "zstd", "gz": "gzip", "gzip": "gzip", "bz2": "bz2", "br": "brotli", "brotli": "brotli",
-          "snappy": "snappy"}
+          "snappy": "snappy", **{name: "zstd" for name in FRAMED.values()}}
 STREAMING = frozenset({"zstd", "gzip", "bz2", "brotli"})
 PIECE = 4 << 20  # decompressed bytes per piece
 
@@ -32,9 +48,9 @@ def codec_name(compression: str) -> str:
         ValueError: no codec stager knows (the message names the value and the ones it knows).
     """
     name = str(compression).split(":", 1)[0].strip().lower()
-    if name not in CODECS:
+    if name not in CODECS or name in FRAMED.values():  # the framed ones are the manifest's names, no layout's
         raise ValueError(f"compression {compression!r} is not one stager decompresses "
-                         f"(known: {', '.join(sorted(CODECS))})")
+                         f"(known: {', '.join(sorted(set(CODECS) - set(FRAMED.values())))})")
     if not pa.Codec.is_available(CODECS[name]):
         raise ValueError(f"compression {compression!r}: this pyarrow was built without {CODECS[name]}")
     return name
@@ -52,6 +68,9 @@ def decompress(codec: str, data: bytes | memoryview, size: int, piece: int = PIE
     Raises:
         ValueError: the stream is truncated or corrupt, or holds more or fewer than ``size`` bytes.
     """
+    if codec in FRAMED.values():
+        yield from _sized(unframe(codec, data, size), size, piece)
+        return
     name = CODECS[codec]
     source = pa.py_buffer(data)
     if name not in STREAMING:
@@ -80,4 +99,190 @@ def decompress(codec: str, data: bytes | memoryview, size: int, piece: int = PIE
         raise ValueError(f"decompresses to {produced} bytes, not {size}")
 
 
-__all__ = ["CODECS", "codec_name", "decompress"]
+def _sized(pieces: Iterator[memoryview], size: int, piece: int) -> Iterator[memoryview]:
+    """``pieces`` cut to at most ``piece`` bytes each, checked to add up to ``size``."""
+    produced = 0
+    for whole in pieces:
+        for start in range(0, len(whole), piece):
+            produced += len(whole[start:start + piece])
+            if produced > size:
+                raise ValueError(f"decompresses to more than {size} bytes")
+            yield whole[start:start + piece]
+    if produced != size:
+        raise ValueError(f"decompresses to {produced} bytes, not {size}")
+
+
+FRAMED_MAGIC = b"LDFZ01\0\0"
+_PREFIX = struct.Struct("<8sHHIII")  # magic, version, flags, num_items, frame_rows, n_frames
+_FRAME = np.dtype([("first_item", "<u4"), ("n_items", "<u4"), ("offset", "<u8"), ("length", "<u4"),
+                   ("raw_length", "<u4")])
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_LIMIT = (1 << 32) - 1  # a chunk's offsets are u32
+
+
+def unframe(codec: str, data: bytes | memoryview, limit: int | None = None) -> Iterator[memoryview]:
+    """The ``TokensLoader`` layout of a LitData chunk of zstd frames (``zstd-batch`` or ``zstd-sample``).
+
+    The chunk's items each hold one leaf (``[u32 size][size bytes]``); the output is ``num_items``
+    (u32), ``num_items + 1`` offsets (u32, from ``(num_items + 2) * 4``), then the leaves back to back:
+    the header first, then the leaves a frame (``batch``) or an item (``sample``) at a time.
+
+    Args:
+        codec: ``zstd-batch`` or ``zstd-sample``.
+        data: the whole chunk file.
+        limit: the most decompressed bytes to produce (None: the header's word).
+
+    Raises:
+        ValueError: no such chunk: truncated, a frame table, offset or size word that disagrees with the
+            file or with another, a frame that does not decompress to its size, or an item of more than
+            one leaf (the message says which).
+    """
+    view = memoryview(data).cast("B")
+    if codec == "zstd-batch":
+        yield from _unframe_batch(view)
+    elif codec == "zstd-sample":
+        yield from _unframe_sample(view, limit)
+    else:
+        raise ValueError(f"codec {codec!r} is no LitData framing")
+
+
+def _tokens_header(leaves: np.ndarray) -> memoryview:
+    """``num_items``, then the offsets of leaves of these sizes laid end to end after the header."""
+    count = len(leaves)
+    offsets = np.empty(count + 1, np.int64)
+    offsets[0] = (count + 2) * 4
+    np.cumsum(leaves, out=offsets[1:])
+    offsets[1:] += offsets[0]
+    if offsets[-1] > _LIMIT:
+        raise ValueError(f"its items hold {int(offsets[-1])} bytes, more than a chunk's u32 offsets reach")
+    return memoryview(struct.pack("<I", count) + offsets.astype("<u4").tobytes())
+
+
+def _leaves(raw: memoryview | bytes, sizes: np.ndarray, first: int) -> memoryview:
+    """The one leaf of each item in ``raw`` (items of ``sizes`` bytes), checked against its size word."""
+    data = np.frombuffer(raw, np.uint8)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    words_at = starts[:, None] + np.arange(4)
+    words = data[words_at].astype(np.int64) @ np.array([1, 1 << 8, 1 << 16, 1 << 24], np.int64)
+    wrong = np.flatnonzero(words != sizes - 4)
+    if len(wrong):
+        n = int(wrong[0])
+        raise ValueError(f"item {first + n} is {int(sizes[n])} bytes, its leaf size word says {int(words[n])} "
+                         f"(+4): not one leaf, or corrupt")
+    keep = np.ones(len(data), bool)
+    keep[words_at.ravel()] = False
+    return memoryview(data[keep])
+
+
+def _unframe_batch(view: memoryview) -> Iterator[memoryview]:
+    if len(view) < _PREFIX.size or bytes(view[:8]) != FRAMED_MAGIC:
+        raise ValueError(f"{len(view)} bytes with no {FRAMED_MAGIC[:6].decode()} frame table at the start "
+                         f"(not a compression_level 'batch' chunk, or truncated)")
+    _, version, _, count, rows, frames = _PREFIX.unpack_from(view, 0)
+    if version != 1:
+        raise ValueError(f"framed zstd version {version}, stager reads version 1")
+    if count == 0 or rows == 0 or frames != -(-count // rows):
+        raise ValueError(f"its header says {count} items in {frames} frames of {rows}, which do not agree")
+    table = _PREFIX.size + 4 * (count + 1)
+    payload = table + _FRAME.itemsize * frames
+    if len(view) < payload:
+        raise ValueError(f"{len(view)} bytes, too short for the offsets and frame table of {count} items "
+                         f"in {frames} frames its header promises ({payload} bytes; truncated)")
+    offsets = np.frombuffer(view, "<u4", count + 1, _PREFIX.size).astype(np.int64)
+    sizes = np.diff(offsets)
+    if offsets[0] != 0 or (sizes < 4).any():
+        raise ValueError("its item offsets do not run up from 0 by at least an item's 4-byte leaf size word")
+    yield _tokens_header(sizes - 4)
+    codec, cursor = pa.Codec("zstd"), payload
+    for i, frame in enumerate(np.frombuffer(view, _FRAME, frames, table).tolist()):
+        first, items, offset, length, raw_length = frame
+        want = (i * rows, min(rows, count - i * rows), int(offsets[min(count, (i + 1) * rows)] - offsets[i * rows]))
+        if (first, items, raw_length) != want:
+            raise ValueError(f"frame {i} says items {first}+{items} of {raw_length} bytes, its header's offsets "
+                             f"say items {want[0]}+{want[1]} of {want[2]} bytes")
+        if offset < cursor or offset + length > len(view) or length == 0:
+            raise ValueError(f"frame {i} lies at bytes {offset}..{offset + length}, the file has {len(view)} bytes "
+                             f"and frame data from byte {cursor} (truncated or corrupt)")
+        try:
+            raw = codec.decompress(view[offset:offset + length], decompressed_size=raw_length, asbytes=True)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise ValueError(f"frame {i} is not a zstd frame of {raw_length} bytes: {exc}") from exc
+        if len(raw) != raw_length:
+            raise ValueError(f"frame {i} decompresses to {len(raw)} bytes, not {raw_length}")
+        yield _leaves(memoryview(raw), sizes[first:first + items], first)
+        cursor = offset + length
+    if cursor != len(view):
+        raise ValueError(f"its frames end at byte {cursor}, the file has {len(view)} bytes")
+
+
+def _content_size(frame: memoryview) -> int | None:
+    """The decompressed size a zstd frame's header records (None: it records none).
+
+    Raises:
+        ValueError: not a zstd frame, or too short for its header.
+    """
+    if len(frame) < 6 or bytes(frame[:4]) != _ZSTD_MAGIC:
+        raise ValueError("not a zstd frame")
+    descriptor = frame[4]
+    single = (descriptor >> 5) & 1
+    width = (1 if single else 0, 2, 4, 8)[descriptor >> 6]
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3]
+    if width == 0:
+        return None
+    if len(frame) < at + width:
+        raise ValueError("too short for its zstd frame header")
+    return int.from_bytes(frame[at:at + width], "little") + (256 if width == 2 else 0)
+
+
+def _unframe_sample(view: memoryview, limit: int | None) -> Iterator[memoryview]:
+    if len(view) < 4:
+        raise ValueError(f"{len(view)} bytes, too short for a chunk header")
+    count = struct.unpack_from("<I", view, 0)[0]
+    start = (count + 2) * 4
+    if count == 0 or len(view) < start:
+        raise ValueError(f"{len(view)} bytes, too short for the header of the {count} items it says it holds "
+                         f"(truncated)")
+    offsets = np.frombuffer(view, "<u4", count + 1, 4).astype(np.int64)
+    if offsets[0] != start or (np.diff(offsets) <= 0).any() or offsets[-1] != len(view):
+        raise ValueError(f"its offsets run from {int(offsets[0])} to {int(offsets[-1])}, the file has {len(view)} "
+                         f"bytes and a header of {start} (truncated or corrupt)")
+    frames = [view[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
+    try:
+        sizes = [_content_size(frame) for frame in frames]
+    except ValueError as exc:
+        raise ValueError(f"an item is not a zstd frame: {exc}") from exc
+    known = None not in sizes
+    raws = [] if known else [_inflate_one(frame, n, limit) for n, frame in enumerate(frames)]
+    items = np.array(sizes if known else [len(r) for r in raws], np.int64)
+    if (items < 4).any():
+        raise ValueError("an item holds fewer than the 4 bytes of its leaf size word")
+    if limit is not None and int(items.sum()) - 4 * count + start > limit:
+        raise ValueError(f"its items decompress to more than {limit} bytes")
+    yield _tokens_header(items - 4)
+    codec = pa.Codec("zstd")
+    for n, frame in enumerate(frames):
+        raw = memoryview(_inflate_one(frame, n, None, int(items[n]), codec) if known else raws[n])
+        word = int.from_bytes(raw[:4], "little")
+        if word != len(raw) - 4:
+            raise ValueError(f"item {n} is {len(raw)} bytes, its leaf size word says {word} (+4): not one leaf, "
+                             f"or corrupt")
+        yield raw[4:]
+
+
+def _inflate_one(frame: memoryview, n: int, limit: int | None, size: int | None = None,
+                 codec: pa.Codec | None = None) -> bytes:
+    """Item ``n``'s zstd frame decompressed (to ``size`` bytes, or at most ``limit`` where it says none)."""
+    try:
+        if size is not None:
+            raw = (codec or pa.Codec("zstd")).decompress(frame, decompressed_size=size, asbytes=True)
+        else:
+            stream = pa.CompressedInputStream(pa.BufferReader(pa.py_buffer(frame)), "zstd")
+            raw = stream.read((limit if limit is not None else _LIMIT) + 1)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ValueError(f"item {n} is not a whole zstd frame: {exc}") from exc
+    if size is not None and len(raw) != size:
+        raise ValueError(f"item {n} decompresses to {len(raw)} bytes, its frame header says {size}")
+    return raw
+
+
+__all__ = ["CODECS", "FRAMED", "codec_name", "decompress", "unframe"]

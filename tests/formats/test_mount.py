@@ -47,6 +47,7 @@ def test_every_layout_is_shown_as_written_and_native_loaders_read_it(tmp_path, c
     docs = [rng.integers(0, 50000, int(n)).astype(np.uint16) for n in rng.integers(1, 90, 30)]
     write_dataset(data / "megatron" / "corpus_text_document", docs)
     shutil.copytree(FIXTURES / "litdata" / "data", data / "litdata")
+    shutil.copytree(FIXTURES / "litdata" / "data-batch", data / "litdata-batch")  # zstd frames: shown as written
     shutil.copytree(FIXTURES / "mds" / "fixed", data / "mds")
     manifest = index(data, capsys)
     assert {manifest.layouts[i] for i in range(len(manifest)) if manifest.tokens[i] >= 0} == \

@@ -9,7 +9,8 @@ parquet     ``.parquet`` files (always)                      each with a token c
 megatron    ``PREFIX.idx`` beside ``PREFIX.bin``             the ``.bin``, dtype from the ``.idx``
 arrow       ``.arrow`` files (Hugging Face ``save_to_disk``  each ``.arrow`` with a token column
             folders, with their ``state.json``)
-litdata     ``index.json`` with ``chunks`` and ``config``    each chunk (``TokensLoader`` tokens)
+litdata     ``index.json`` with ``chunks`` and ``config``    each chunk (``TokensLoader`` tokens, or
+                                                             zstd-framed ``PyTreeLoader`` documents)
 mds         ``index.json`` with ``version: 2``, ``shards``   each ``.mds`` shard's token column
 ==========  ===============================================  =======================================
 

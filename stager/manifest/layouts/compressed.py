@@ -12,14 +12,16 @@ counts tokens) and into an xxh3-128: the manifest records the codec, the
 decompressed size and that digest, and the cache checks each decompressed
 copy it makes against them (:mod:`stager.cache.inflate`). A compressed shard
 that is truncated or corrupt, or decompresses to other bytes than its index
-says, is refused naming it.
+says, is refused naming it. A LitData chunk of zstd frames (``zstd-batch``,
+``zstd-sample``: :func:`stager.codecs.unframe`) has no decompressed size in its
+index: the size is what its checked frames decompress to.
 """
 
 from __future__ import annotations
 
 import xxhash
 
-from ...codecs import decompress
+from ...codecs import decompress, unframe
 from ...errors import ManifestError
 from .base import Probe, TokenInfo
 
@@ -31,13 +33,14 @@ class InflatingProbe(Probe):
         name: the compressed file (for messages).
         index_name: the layout's index that lists it.
         codec: its codec (a name :func:`stager.codecs.codec_name` returned).
-        raw_size: the decompressed size the index promises.
+        raw_size: the decompressed size the index promises (None: a LitData framing's, found as it is
+            decompressed).
         inner: the layout's probe of the decompressed bytes.
         size: the compressed size the index promises (None: it says none).
         hashers: the layout's hashes of the compressed bytes: algorithm -> (hasher, hex digest).
     """
 
-    def __init__(self, name: str, index_name: str, codec: str, raw_size: int, inner: Probe, *,
+    def __init__(self, name: str, index_name: str, codec: str, raw_size: int | None, inner: Probe, *,
                  size: int | None = None, hashers: dict | None = None) -> None:
         self.name, self.index_name, self.codec, self.raw_size = name, index_name, codec, raw_size
         self.inner, self.expected_size, self.hashers = inner, size, hashers or {}
@@ -57,16 +60,21 @@ class InflatingProbe(Probe):
         for algo, (hasher, digest) in self.hashers.items():
             if hasher.hexdigest() != digest:
                 raise ManifestError(f"{self.name}: its {algo} is {hasher.hexdigest()}, {self.index_name} says {digest}")
-        digest = xxhash.xxh3_128()
+        digest, raw_size = xxhash.xxh3_128(), 0
+        if self.raw_size is None:
+            pieces, says = unframe(self.codec, memoryview(self.data)), f"LitData {self.codec} chunk"
+        else:
+            pieces = decompress(self.codec, memoryview(self.data), self.raw_size)
+            says = f"{self.index_name} says {self.raw_size} bytes decompressed"
         try:
-            for piece in decompress(self.codec, memoryview(self.data), self.raw_size):
+            for piece in pieces:
                 digest.update(piece)
+                raw_size += len(piece)
                 self.inner.feed(bytes(piece))
         except ValueError as exc:
-            raise ManifestError(f"{self.name}: {exc} ({self.index_name} says {self.raw_size} bytes decompressed; "
-                                f"truncated or corrupt?)") from exc
+            raise ManifestError(f"{self.name}: {exc} ({says}; truncated or corrupt?)") from exc
         finally:
             self.data = bytearray()
         info = self.inner.finish()
-        return TokenInfo(info.dtype, info.tokens, info.layout, info.column, self.codec, self.raw_size,
+        return TokenInfo(info.dtype, info.tokens, info.layout, info.column, self.codec, raw_size,
                          digest.hexdigest())

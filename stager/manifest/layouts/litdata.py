@@ -16,10 +16,20 @@ hashed (size, item count, offsets, token count).
 Chunks compressed whole (``config.compression: zstd`` with ``compression_level:
 chunk``, files ``chunk-R-I.zstd.bin``) are the compressed files in the
 manifest; each is decompressed once as it is indexed and checked as above
-(``chunk_bytes`` is the decompressed size), see :mod:`.compressed`. zstd frames
-inside a ``.bin`` (``compression_level: batch`` or ``sample``, litdata's
-default for zstd) and encrypted chunks are refused: their tokens are not one
-stream stager can map.
+(``chunk_bytes`` is the decompressed size), see :mod:`.compressed`.
+
+litdata's default for ``compression="zstd"`` is zstd frames inside each
+``.bin`` (``compression_level: batch``, a frame table, or ``sample``, one frame
+per item), which it writes only for ``PyTreeLoader`` chunks: items of one leaf
+each (``no_header_tensor``/``no_header_numpy``, one document per item) read as
+their documents concatenated. Those chunks are the compressed files in the
+manifest too (``chunk_bytes`` is the file's size, ``dim`` is unset); indexing
+checks the frame table, every offset and size word against the file and the
+item count against ``chunk_size``, and their decompressed form is the
+``TokensLoader`` layout of the same items, which the LitData reader maps
+(codecs ``zstd-batch`` and ``zstd-sample``, :func:`stager.codecs.unframe`).
+Encrypted chunks are refused, and so are uncompressed ``PyTreeLoader`` ones
+(a size word before every item's tokens: no stream stager can map).
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import struct
 
 import numpy as np
 
-from ...codecs import codec_name
+from ...codecs import FRAMED, codec_name
 from ...errors import ManifestError
 from .base import NOT_TOKENS, IndexedLayout, Probe, TokenInfo, read_index_json
 from .compressed import InflatingProbe
@@ -41,12 +51,16 @@ TORCH_DTYPES = {11: "uint8", 12: "int8", 13: "int16", 14: "int16", 15: "int32", 
 NUMPY_DTYPES = {0: "int8", 1: "int16", 2: "int32", 3: "int64", 4: "uint8", 5: "uint16", 6: "uint32", 7: "uint64"}
 
 
-def chunk_dtype(name: str, config: dict) -> str:
-    """The token dtype of a TokensLoader dataset, from its ``config.data_format``."""
+def chunk_dtype(name: str, config: dict, framed: bool = False) -> str:
+    """The token dtype of a TokensLoader dataset (or, ``framed``, a PyTreeLoader one of zstd frames),
+    from its ``config.data_format``."""
     formats = config.get("data_format")
-    if config.get("item_loader") not in (None, "TokensLoader") or not isinstance(formats, list) or len(formats) != 1:
-        raise ManifestError(f"{name}: a LitData dataset stager reads is written with TokensLoader "
-                            f"(one no_header_tensor or no_header_numpy item), this one has {formats!r}")
+    loaders = ("PyTreeLoader",) if framed else (None, "TokensLoader")
+    if config.get("item_loader") not in loaders or not isinstance(formats, list) or len(formats) != 1:
+        wanted = ("PyTreeLoader, one no_header_tensor or no_header_numpy leaf per item" if framed else
+                  "TokensLoader (one no_header_tensor or no_header_numpy item)")
+        raise ManifestError(f"{name}: a LitData dataset stager reads {'with zstd frames ' if framed else ''}is "
+                            f"written with {wanted}; this one has {config.get('item_loader')!r} and {formats!r}")
     serializer, _, code = str(formats[0]).partition(":")
     table = {"no_header_tensor": TORCH_DTYPES, "no_header_numpy": NUMPY_DTYPES}.get(serializer)
     if table is None or not code.isdigit() or int(code) not in table:
@@ -55,10 +69,15 @@ def chunk_dtype(name: str, config: dict) -> str:
 
 
 class ChunkProbe(Probe):
-    """Checks one chunk's header against ``index.json`` as the chunk is hashed."""
+    """Checks one chunk's header against ``index.json`` as the chunk is hashed.
 
-    def __init__(self, name: str, index_name: str, chunk: dict, dtype: str) -> None:
-        self.name, self.index_name, self.chunk, self.dtype = name, index_name, chunk, dtype
+    ``framed``: the chunk is the decompressed form of zstd frames, whose size and token count
+    ``index.json`` does not say (its ``chunk_bytes`` is the compressed file's): only the item count is
+    checked against it, and the tokens counted.
+    """
+
+    def __init__(self, name: str, index_name: str, chunk: dict, dtype: str, framed: bool = False) -> None:
+        self.name, self.index_name, self.chunk, self.dtype, self.framed = name, index_name, chunk, dtype, framed
         self.header = bytearray()
         self.size = 0
 
@@ -69,7 +88,7 @@ class ChunkProbe(Probe):
             self.header += data[:want - len(self.header)]
 
     def finish(self) -> TokenInfo:
-        items, dim = int(self.chunk["chunk_size"]), int(self.chunk["dim"])
+        items = int(self.chunk["chunk_size"])
         itemsize = np.dtype(self.dtype).itemsize
         start = (items + 2) * 4
         if len(self.header) < start:
@@ -82,6 +101,12 @@ class ChunkProbe(Probe):
         if offsets[0] != start or (np.diff(offsets.astype(np.int64)) < 0).any() or offsets[-1] != self.size:
             raise ManifestError(f"{self.name}: its offsets run from {int(offsets[0])} to {int(offsets[-1])}, "
                                 f"the file has {self.size} bytes and a header of {start} (truncated or corrupt)")
+        if self.framed:
+            if (self.size - start) % itemsize:
+                raise ManifestError(f"{self.name}: its items hold {self.size - start} bytes, not whole "
+                                    f"{self.dtype} tokens")
+            return TokenInfo(self.dtype, (self.size - start) // itemsize, "litdata")
+        dim = int(self.chunk["dim"])
         if self.size != int(self.chunk["chunk_bytes"]) or (self.size - start) != dim * itemsize:
             raise ManifestError(f"{self.name}: {self.size} bytes, {self.index_name} says {self.chunk['chunk_bytes']} "
                                 f"bytes holding {dim} {self.dtype} tokens")
@@ -98,8 +123,12 @@ class LitDataLayout(IndexedLayout):
         dtype, codec = extra  # type: ignore[misc]
         if codec is None:
             return ChunkProbe(name, index_name, entry, dtype)
+        if codec in FRAMED.values():  # chunk_bytes is the file's size; the decompressed size is found
+            inner = ChunkProbe(f"{name} (decompressed)", index_name, entry, dtype, framed=True)
+            return InflatingProbe(name, index_name, codec, None, inner, size=int(entry["chunk_bytes"]))
         inner = ChunkProbe(f"{name} (decompressed)", index_name, entry, dtype)
         return InflatingProbe(name, index_name, codec, int(entry["chunk_bytes"]), inner)
+
 
 def parse_index(name: str, data: bytes, sizes: dict[str, int], folder: str) -> dict | None:
     """A LitData ``index.json``'s content, or None when it is another layout's (MDS has one too)."""
@@ -125,18 +154,21 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
             continue
         try:
             config = content["config"]
-            dtype = chunk_dtype(name, config)
             codec = _chunk_codec(name, config)
+            framed = codec in FRAMED.values()
+            dtype = chunk_dtype(name, config, framed)
             for chunk in content["chunks"]:
                 path = posixpath.join(posixpath.dirname(index), chunk["filename"])
-                for key in ("chunk_size", "chunk_bytes", "dim"):
+                for key in ("chunk_size", "chunk_bytes") + (() if framed else ("dim",)):  # PyTreeLoader's is None
                     if not isinstance(chunk[key], int) or isinstance(chunk[key], bool) or chunk[key] < 0:
                         raise ManifestError(f"{name}: chunk {chunk['filename']!r}: {key} {chunk[key]!r} "
                                             f"is not a count")
                 if path not in sizes:
                     raise ManifestError(f"{name}: lists {chunk['filename']}, which is not there")
-                # litdata names a chunk it compressed whole chunk-R-I.<compression>.bin (and leaves others as they are)
-                compressed = codec is not None and str(chunk["filename"]).endswith(f".{config['compression']}.bin")
+                # litdata names a chunk it compressed whole chunk-R-I.<compression>.bin (and leaves others as they
+                # are); zstd frames are inside every chunk of a framed dataset
+                compressed = codec is not None and (
+                    framed or str(chunk["filename"]).endswith(f".{config['compression']}.bin"))
                 chunks[path] = (index, chunk, (dtype, codec if compressed else None))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{name}: not a LitData index (missing or bad {exc})") from exc
@@ -144,21 +176,25 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
 
 
 def _chunk_codec(name: str, config: dict) -> str | None:
-    """The codec of a dataset's chunks compressed whole, None if they are not compressed.
+    """The codec of a dataset's compressed chunks (whole, or zstd frames inside: :data:`FRAMED`), None if
+    they are not compressed.
 
     Raises:
-        ManifestError: encrypted chunks, zstd frames inside the chunks, or a codec stager does not know.
+        ManifestError: encrypted chunks, a compression level or codec stager does not know.
     """
     if config.get("encryption"):
         raise ManifestError(f"{name}: encrypted LitData chunks are not supported (optimize without encryption)")
     compression = config.get("compression")
     if not compression:
         return None
-    level = config.get("compression_level") or "chunk"
+    level = str(config.get("compression_level") or "chunk").strip().lower()  # unset: whole chunks, as litdata reads it
+    if level in FRAMED:
+        if not str(compression).startswith("zstd"):
+            raise ManifestError(f"{name}: LitData compression_level {level!r} with compression {compression!r}: "
+                                f"litdata writes zstd frames only")
+        return FRAMED[level]
     if level != "chunk":
-        raise ManifestError(f"{name}: LitData compression_level {level!r} (zstd frames inside each chunk) is not "
-                            f"supported; optimize with compression_level='chunk' (whole .zstd.bin chunks) or "
-                            f"without compression")
+        raise ManifestError(f"{name}: LitData compression_level {level!r} is none of chunk, batch, sample")
     try:
         return codec_name(compression)
     except ValueError as exc:
