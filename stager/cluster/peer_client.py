@@ -1,7 +1,10 @@
 """Asking peers: signed ranged GETs streamed into a sink, health checks, every failure a PeerError by kind.
 
-One aiohttp session for all peers (at most ``per_peer`` connections to
-each), over TLS when the cluster uses it. Every request has a deadline: a
+One aiohttp session for all peers' blob requests (at most ``per_peer``
+connections to each), over TLS when the cluster uses it, and a second one for
+health checks alone: a relay request holds its connection for as long as
+the peer's own origin fetch takes, and a check queued behind such requests
+would time out and have a busy peer taken for a dead one. Every request has a deadline: a
 connection within ``connect_timeout``, no pause longer than ``idle_timeout``
 between bytes, and the whole body within ``deadline`` plus the time it takes
 at ``min_rate``. aiohttp's errors are translated here, once, into
@@ -47,6 +50,7 @@ class PeerClient:
         self.timeouts = timeouts
         self.per_peer = per_peer
         self._session: aiohttp.ClientSession | None = None
+        self._health_session: aiohttp.ClientSession | None = None
         self._scheme = "https" if ssl_context is not None else "http"
 
     def _client(self) -> aiohttp.ClientSession:
@@ -56,6 +60,12 @@ class PeerClient:
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
 
+    def _health_client(self) -> aiohttp.ClientSession:
+        if self._health_session is None or self._health_session.closed:
+            connector = aiohttp.TCPConnector(limit_per_host=1, ssl=self._ssl or False, keepalive_timeout=30)
+            self._health_session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._health_session
+
     def url(self, peer: str, path: str) -> str:
         return f"{self._scheme}://{peer}{path}"
 
@@ -64,7 +74,7 @@ class PeerClient:
         None if it does not answer within the health timeout (busy, or gone: the caller counts these)."""
         timeout = aiohttp.ClientTimeout(total=self.timeouts.health_timeout)
         try:
-            async with self._client().get(self.url(peer, "/healthz"), timeout=timeout) as response:
+            async with self._health_client().get(self.url(peer, "/healthz"), timeout=timeout) as response:
                 return response.status == 200
         except asyncio.TimeoutError:
             return None
@@ -148,9 +158,10 @@ class PeerClient:
             raise _translated(peer, exc) from exc
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._health_session):
+            if session is not None:
+                await session.close()
+        self._session = self._health_session = None
 
 
 def _translated(peer: str, exc: BaseException) -> PeerError:
