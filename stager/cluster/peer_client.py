@@ -5,9 +5,14 @@ connections to each), over TLS when the cluster uses it, and a second one for
 health checks alone: a relay request holds its connection for as long as
 the peer's own origin fetch takes, and a check queued behind such requests
 would time out and have a busy peer taken for a dead one. Every request has a deadline: a
-connection within ``connect_timeout``, no pause longer than ``idle_timeout``
-between bytes, and the whole body within ``deadline`` plus the time it takes
-at ``min_rate``. aiohttp's errors are translated here, once, into
+connection within ``connect_timeout``, the first byte within ``idle_timeout``
+(``first_byte_timeout`` for a request the peer may have to fetch from the
+origin first, in ``relay`` or ``fetch`` mode: under a slow shared origin its
+queue is long, and asking the origin ourselves instead would read the blob
+twice through the same link), no pause longer than ``idle_timeout`` between
+bytes after that, and the whole body within that wait plus ``deadline`` plus
+the time it takes at ``min_rate``. A peer that died meanwhile is found by
+its reset connection or the health checks, not by these waits. aiohttp's errors are translated here, once, into
 :class:`~stager.errors.PeerError` with a ``kind`` (``down``, ``timeout``,
 ``refused``, ``missing``, ``corrupt``, ``protocol``) that the engine's
 fallback and the failure counters use.
@@ -34,6 +39,7 @@ class PeerTimeouts:
 
     connect_timeout: float = 2.0
     idle_timeout: float = 10.0
+    first_byte_timeout: float = 60.0
     deadline: float = 20.0
     min_rate: float = 4 << 20
     health_timeout: float = 2.0
@@ -81,10 +87,13 @@ class PeerClient:
         except (aiohttp.ClientError, OSError, ValueError):
             return False
 
-    def _timeout(self, nbytes: int) -> aiohttp.ClientTimeout:
+    def _timeout(self, nbytes: int, mode: str = "hold") -> aiohttp.ClientTimeout:
+        """The request's limits; ``sock_read`` bounds the wait for the answer (the server answers with the
+        first block), the pauses in the body are bounded by :meth:`read_into` itself."""
         t = self.timeouts
-        return aiohttp.ClientTimeout(total=t.deadline + nbytes / t.min_rate, sock_connect=t.connect_timeout,
-                                     sock_read=t.idle_timeout)
+        first = t.idle_timeout if mode == "hold" else max(t.idle_timeout, t.first_byte_timeout)
+        return aiohttp.ClientTimeout(total=first + t.deadline + nbytes / t.min_rate, sock_connect=t.connect_timeout,
+                                     sock_read=first)
 
     async def read_into(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink]) -> int:
         """Stream the range ``ask`` names from ``peer`` into a new sink; the bytes received.
@@ -97,7 +106,7 @@ class PeerClient:
         headers = {**ask.headers(), **self.auth.sign("GET", ask.digest, ask.start, ask.end, ask.context())}
         try:
             async with self._client().get(self.url(peer, BLOBS_PATH + ask.digest), params=ask.query(),
-                                          headers=headers, timeout=self._timeout(expected)) as response:
+                                          headers=headers, timeout=self._timeout(expected, ask.mode)) as response:
                 _check_status(peer, response.status)
                 if response.content_length != expected:
                     raise PeerError(f"peer {peer}: answered {response.content_length} bytes for a range of "
@@ -106,7 +115,11 @@ class PeerClient:
 
                 async def chunks() -> AsyncIterator[bytes]:
                     nonlocal received
-                    async for chunk in response.content.iter_any():
+                    while True:
+                        async with asyncio.timeout(self.timeouts.idle_timeout):
+                            chunk = await response.content.readany()
+                        if not chunk:
+                            break
                         received += len(chunk)
                         if received > expected:
                             raise PeerError(f"peer {peer}: sent more than {expected} bytes", "protocol")

@@ -103,7 +103,8 @@ async def test_a_request_that_times_out_moves_on_but_leaves_a_peer_that_answers_
     peer, me = f"{HOST}:{port}", "127.0.0.3:7070"
     membership = Membership(parse_peer_spec(f"{peer},{me}", 7070), ("127.0.0.3", 7070), environ={})
     await membership.load()
-    client = PeerClient(PeerAuth(SECRET), lambda: me, timeouts=PeerTimeouts(idle_timeout=0.3, deadline=1.0))
+    timeouts = PeerTimeouts(idle_timeout=0.3, first_byte_timeout=0.3, deadline=1.0)
+    client = PeerClient(PeerAuth(SECRET), lambda: me, timeouts=timeouts)
     stats = ClusterStats()
     sources = ClusterSources(membership, client, ClusterIdentities(SECRET), stats)
     ask = PeerRequest("0" * 32, 0, 1024, 1024, 1024, 0, "", "", "relay", me)
@@ -118,5 +119,51 @@ async def test_a_request_that_times_out_moves_on_but_leaves_a_peer_that_answers_
         assert peer not in membership.live()
     finally:
         release.set()
+        await client.close()
+        await runner.cleanup()
+
+
+async def test_a_peer_fetching_for_the_asker_may_take_long_for_its_first_byte_but_not_to_pause_after_it():
+    # A relay or fetch request waits on the peer's own origin fetch, which under a slow shared origin
+    # queues behind the rest of the peer's share: timing it out after 10 s without a byte sent the asker to
+    # the origin for a blob the peer was about to send (1.219x origin bytes at N = 2 under a 10 MB/s cap).
+    # A held block is there at once, and a pause after the first byte means trouble in either mode.
+    body = bytes(range(256)) * 16  # 4 KiB
+
+    async def blob(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(1.0)  # the first byte late: fetching from the origin
+        response = web.StreamResponse()
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[:1024])
+        if request.query.get("start") == "1024":  # ask for start=1024 to get a body that stalls
+            await asyncio.sleep(1.5)
+        await response.write(body[1024:])
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get(BLOBS_PATH + "{digest}", blob)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port(HOST)
+    await web.TCPSite(runner, HOST, port).start()
+    peer, me = f"{HOST}:{port}", "127.0.0.3:7070"
+    client = PeerClient(PeerAuth(SECRET), lambda: me,
+                        timeouts=PeerTimeouts(idle_timeout=0.5, first_byte_timeout=5.0, deadline=5.0))
+
+    def ask(mode: str, start: int = 0) -> PeerRequest:
+        return PeerRequest("0" * 32, start, start + len(body), 2 * len(body), 1024, 0, "", "", mode, me)
+
+    try:
+        for mode in ("relay", "fetch"):
+            assert await client.read(peer, ask(mode)) == body
+        with pytest.raises(PeerError) as caught:
+            await client.read(peer, ask("hold"))
+        assert caught.value.kind == "timeout"
+        with pytest.raises(PeerError) as caught:
+            await client.read(peer, ask("relay", start=1024))
+        assert caught.value.kind == "timeout"
+    finally:
         await client.close()
         await runner.cleanup()
