@@ -27,6 +27,10 @@ sending it), and repeats each N
 over ``--seeds`` draws of digests and victims (which node dies, and what it
 owned, decides most of it at small N).
 
+``--first-copies-first`` is a what-if, not the real code: each node's
+uplink becomes a queue in which the first copy of a block goes out before
+any later one, so that fewer blocks live on their owner alone when it dies.
+
 Prints, per N: origin bytes / window bytes (mean and worst over the seeds),
 the blocks only a dead node held (per window, mean), the most blocks any node
 sent of one blob (in blobs), the time until every live node holds the window,
@@ -73,11 +77,16 @@ class _Node:
     have: list[set[int]] = field(default_factory=list)  # per blob: blocks held
     pending: list[set[int]] = field(default_factory=list)  # per blob: blocks on their way here
     sent: list[int] = field(default_factory=list)  # per blob: blocks sent to children
+    queue: list[tuple] = field(default_factory=list)  # --first-copies-first: sends waiting for the uplink
+    busy: bool = False  # --first-copies-first: the uplink is sending
+    forwarded: set[tuple[int, int]] = field(default_factory=set)  # --first-copies-first: (blob, block) sent once
 
 
 class Simulation:
     def __init__(self, n: int, *, blobs: int, blocks: int, block_bytes: int, link: float, origin: float,
-                 peer_latency: float, origin_latency: float, die: float, fanout: int, seed: int) -> None:
+                 peer_latency: float, origin_latency: float, die: float, fanout: int, seed: int,
+                 first_copies_first: bool = False) -> None:
+        self.first_copies_first = first_copies_first
         self.rng = random.Random(seed)
         self.blocks, self.block_bytes = blocks, block_bytes
         self.link, self.origin, self.fanout = link, origin, fanout
@@ -120,10 +129,30 @@ class Simulation:
         if not dst.alive or block in dst.have[blob] or block in dst.pending[blob]:
             return
         dst.pending[blob].add(block)
+        if self.first_copies_first:  # a what-if, not the real code: each block's first copy jumps the queue
+            first = (blob, block) not in src.forwarded
+            src.forwarded.add((blob, block))
+            self.seq += 1
+            heapq.heappush(src.queue, (0 if first else 1, self.seq, to, blob, block))
+            if not src.busy:
+                self._next_send(now, sender)
+            return
+        src.sent[blob] += 1
         start = max(now, src.uplink_free)
         src.uplink_free = start + self.block_bytes / self.link
-        src.sent[blob] += 1
         self._push(src.uplink_free + self.peer_latency, "arrive", (sender, to, blob, block))
+
+    def _next_send(self, now: float, sender: str) -> None:
+        """--first-copies-first: the sender's uplink starts its next send (first copies before the rest)."""
+        src = self.node[sender]
+        src.busy = False
+        while src.queue:
+            _, _, to, blob, block = heapq.heappop(src.queue)
+            if self.node[to].alive and block not in self.node[to].have[blob]:
+                src.busy = True
+                src.sent[blob] += 1
+                self._push(now + self.block_bytes / self.link, "sent", (sender, to, blob, block))
+                return
 
     def _ask(self, now: float, name: str, blob: int) -> None:
         """``name`` asks for what it lacks of ``blob``: its parent; or, if it owns the blob, the members ranked
@@ -155,6 +184,11 @@ class Simulation:
             steps += 1
             sender, to, blob, block = data
             dst = self.node[to]
+            if kind == "sent":  # --first-copies-first: a send left the uplink; the next one starts
+                self._push(now + self.peer_latency, "arrive", data)
+                if self.node[sender].alive:
+                    self._next_send(now, sender)
+                continue
             if kind == "origin":  # the origin starts sending a block, unless its asker died meanwhile
                 if dst.alive:
                     self.origin_blocks += 1
@@ -188,6 +222,9 @@ class Simulation:
         self.to_kill = 0
         for name in victims:
             self.node[name].alive = False
+            for _, _, to, blob, block in self.node[name].queue:  # --first-copies-first: never sent
+                self.node[to].pending[blob].discard(block)
+            self.node[name].queue.clear()
         self.died = len(victims)
         survivors = [n for n in self.node.values() if n.alive]
         self.lost += sum(1 for v in victims for blob, held in enumerate(self.node[v].have) for block in held
@@ -214,12 +251,16 @@ def main() -> None:
     parser.add_argument("--fanout", type=int, default=DEFAULT_FANOUT)
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--seeds", type=int, default=10, help="runs per N (digests and victims drawn anew)")
+    parser.add_argument("--first-copies-first", action="store_true",
+                        help="a what-if, NOT the real code: each node's uplink sends the first copy of each block "
+                             "before any later copy, so that fewer blocks live on their owner alone")
     args = parser.parse_args()
     blocks = max(1, args.blob_mib // args.block_mib)
     window = args.blobs * blocks * args.block_mib << 20
     print(f"window: {args.blobs} blobs of {args.blob_mib} MiB ({window / 2**30:.2f} GiB), {args.block_mib} MiB "
           f"blocks; links {args.link / 1e9:.2f} GB/s per node, origin {args.origin / 1e9:.2f} GB/s in all; "
-          f"fanout {args.fanout}; {args.die:.0%} of the nodes die mid-window")
+          f"fanout {args.fanout}; {args.die:.0%} of the nodes die mid-window"
+          + ("; WHAT-IF: first copies first (not the real code)" if args.first_copies_first else ""))
     print(f"one node alone from the origin: {window / min(args.link, args.origin):.2f} s")
     print(f"{args.seeds} seeds from {args.seed} per N; origin/window as mean and worst, lost as mean, "
           "the rest as mean (max sent/blob: worst)")
@@ -228,7 +269,8 @@ def main() -> None:
     for n in args.nodes:
         runs = [Simulation(n, blobs=args.blobs, blocks=blocks, block_bytes=args.block_mib << 20, link=args.link,
                            origin=args.origin, peer_latency=args.peer_latency, origin_latency=args.origin_latency,
-                           die=args.die, fanout=args.fanout, seed=seed).run()
+                           die=args.die, fanout=args.fanout, seed=seed,
+                           first_copies_first=args.first_copies_first).run()
                 for seed in range(args.seed, args.seed + args.seeds)]
         spread = statistics.mean(r.spread_seconds for r in runs)
         print(f"{n:>6} {runs[0].died:>5} {statistics.mean(r.origin_ratio for r in runs):>14.3f} "
