@@ -12,7 +12,9 @@ queue is long, and asking the origin ourselves instead would read the blob
 twice through the same link), no pause longer than ``idle_timeout`` between
 bytes after that, and the whole body within that wait plus ``deadline`` plus
 the time it takes at ``min_rate``. A peer that died meanwhile is found by
-its reset connection or the health checks, not by these waits. aiohttp's errors are translated here, once, into
+its reset connection or the health checks, not by these waits: when the
+health checks find a peer down (:meth:`PeerClient.abandon`), every request
+still waiting on it ends at once as ``down``. aiohttp's errors are translated here, once, into
 :class:`~stager.errors.PeerError` with a ``kind`` (``down``, ``timeout``,
 ``refused``, ``missing``, ``corrupt``, ``protocol``) that the engine's
 fallback and the failure counters use.
@@ -57,6 +59,7 @@ class PeerClient:
         self.per_peer = per_peer
         self._session: aiohttp.ClientSession | None = None
         self._health_session: aiohttp.ClientSession | None = None
+        self._gone: dict[str, asyncio.Event] = {}  # per peer: set when it is found down
         self._scheme = "https" if ssl_context is not None else "http"
 
     def _client(self) -> aiohttp.ClientSession:
@@ -95,13 +98,34 @@ class PeerClient:
         return aiohttp.ClientTimeout(total=first + t.deadline + nbytes / t.min_rate, sock_connect=t.connect_timeout,
                                      sock_read=first)
 
+    def abandon(self, peer: str) -> None:
+        """``peer`` was found down: every request waiting on it now ends with PeerError (kind ``down``)."""
+        gone = self._gone.pop(peer, None)
+        if gone is not None:
+            gone.set()
+
     async def read_into(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink]) -> int:
         """Stream the range ``ask`` names from ``peer`` into a new sink; the bytes received.
 
         Raises:
-            PeerError: the peer is down, slow, refuses, lacks the blob, sends a short body, or
-                bytes the sink finds corrupt (kind ``corrupt``).
+            PeerError: the peer is down (or found down meanwhile), slow, refuses, lacks the blob, sends a
+                short body, or bytes the sink finds corrupt (kind ``corrupt``).
         """
+        gone = self._gone.setdefault(peer, asyncio.Event())
+        request = asyncio.ensure_future(self._read_into(peer, ask, open_sink))
+        waiter = asyncio.ensure_future(gone.wait())
+        try:
+            await asyncio.wait((request, waiter), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not request.done():  # found down, or our caller was cancelled: the request ends here
+                request.cancel()
+                await asyncio.gather(request, return_exceptions=True)
+        if request.cancelled():
+            raise PeerError(f"peer {peer}: found down while this request waited on it", "down")
+        return request.result()
+
+    async def _read_into(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink]) -> int:
         expected = ask.end - ask.start
         headers = {**ask.headers(), **self.auth.sign("GET", ask.digest, ask.start, ask.end, ask.context())}
         try:

@@ -16,6 +16,10 @@ deadline is passed over for that request only: the health checks judge
 whether it is alive, and ranking every blob without a peer that is merely
 busy would send its whole share to the origin until the next check. All are
 counted by kind. A peer that lacks the blob (404) is simply passed over.
+A peer found down (by a failed request or the health checks) also ends every
+request still waiting on it (``PeerClient.abandon``), so a request whose long
+wait for a first byte was meant for a peer fetching from the origin does not
+sit it out on a peer that stopped answering.
 """
 
 from __future__ import annotations
@@ -106,6 +110,7 @@ class ClusterSources:
         self._bad: dict[str, float] = {}
         self._ring: PeerRing | None = None
         self._ring_key: tuple[tuple[str, ...], str] | None = None
+        membership.on_down(client.abandon)  # a request waiting on a peer found down moves on at once
 
     def ring(self) -> PeerRing:
         """The live members, this node included, as one ring (rebuilt only when they change)."""

@@ -167,3 +167,48 @@ async def test_a_peer_fetching_for_the_asker_may_take_long_for_its_first_byte_bu
     finally:
         await client.close()
         await runner.cleanup()
+
+
+async def test_a_request_waiting_on_a_peer_ends_at_once_when_the_health_checks_find_it_down():
+    # The wait for a first byte is long (the peer may be fetching from the origin for us); a peer that
+    # stops answering (frozen, its network gone) is found by the health checks, and what waits on it then
+    # moves on to the next source instead of sitting out the rest of that wait.
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def frozen_blob(request: web.Request) -> web.StreamResponse:
+        started.set()
+        async with asyncio.timeout(30):  # bounded: released at the end of the test
+            await release.wait()
+        return web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get(BLOBS_PATH + "{digest}", frozen_blob)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port(HOST)
+    await web.TCPSite(runner, HOST, port).start()
+    peer, me = f"{HOST}:{port}", "127.0.0.3:7070"
+    membership = Membership(parse_peer_spec(f"{peer},{me}", 7070), ("127.0.0.3", 7070), environ={})
+    await membership.load()
+    client = PeerClient(PeerAuth(SECRET), lambda: me)  # the default waits: 60 s for a relay's first byte
+    ClusterSources(membership, client, ClusterIdentities(SECRET), ClusterStats())  # wires the two together
+    ask = PeerRequest("0" * 32, 0, 1024, 1024, 1024, 0, "", "", "relay", me)
+    try:
+        waiting = asyncio.create_task(client.read(peer, ask))
+        async with asyncio.timeout(5):
+            await started.wait()
+        membership.mark_down(peer, "no answer to 3 health checks in a row")
+        with pytest.raises(PeerError) as caught:
+            async with asyncio.timeout(2):
+                await waiting
+        assert caught.value.kind == "down"
+        again = asyncio.create_task(client.read(peer, ask))  # a later request is not ended by the old finding
+        await asyncio.sleep(0.3)
+        assert not again.done()
+        again.cancel()
+        await asyncio.gather(again, return_exceptions=True)
+    finally:
+        release.set()
+        await client.close()
+        await runner.cleanup()
