@@ -10,6 +10,12 @@ seconds until every node holds the dataset, and that time over the N = 1
 time. The cluster's target: origin bytes <= 1.05x and time within 1.3x of
 one node's at every N; the s5cmd copies take about N times as long.
 
+Beside each cluster run, the CPU seconds its parts used while staging (the
+daemons, the `stager stage` processes, this process, which runs the proxy,
+and rclone) and their sum over the machine's capacity in that time (cores x
+seconds): near 100%, the run is bound by the CPU of this machine, not by the
+capped link, and its time says nothing about the cluster's spreading.
+
     .venv/bin/python benchmarks/peers.py --mib 256 --cap-mbps 40
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import secrets
 import shutil
 import subprocess
@@ -31,7 +38,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, precompile_stager, s5cmd_binary, table  # noqa: E402
 
-from stager.daemon import probe  # noqa: E402
+from stager.daemon_client import probe  # noqa: E402
 from stager.testing import FaultPlan, FaultProxy, S3Server  # noqa: E402
 from stager.testing.s3server import free_port  # noqa: E402
 from stager.write import generate_corpus  # noqa: E402
@@ -57,6 +64,16 @@ def wait_ready(socket: Path, proc: subprocess.Popen, timeout: float = 60.0) -> N
     raise SystemExit(f"the daemon on {socket} did not answer in {timeout}s")
 
 
+def daemon_status(socket: Path) -> dict:
+    """The daemon's status (``/v1/status``): its engine's counters, its view of the cluster."""
+    async def ask() -> dict:
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(socket))) as client:
+            async with client.get("http://stager/v1/status", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                return await r.json()
+
+    return asyncio.run(ask())
+
+
 def wait_formed(socket: Path, n: int, timeout: float = 60.0) -> None:
     """Until the daemon on ``socket`` counts ``n`` members live (its health checks run every 2 s)."""
     async def live() -> int:
@@ -71,8 +88,36 @@ def wait_formed(socket: Path, n: int, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def cluster_run(n: int, server: S3Server, proxy: FaultProxy, work: Path, nbytes: int) -> tuple[float, float]:
-    """(seconds until all N nodes hold the dataset, origin bytes / dataset)."""
+def cpu_of(pid: int | None) -> float:
+    """CPU seconds (user + system) a live process has used so far; 0 if it is gone."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_wait_of(pid: int | None) -> float:
+    """Seconds the threads of a live process have spent runnable but waiting for a CPU (schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*") if pid is not None else ():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass  # the thread ended
+    return total / 1e9
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cluster_run(n: int, server: S3Server, proxy: FaultProxy, work: Path, nbytes: int) -> tuple[float, float, dict]:
+    """(seconds until all N nodes hold the dataset, origin bytes / dataset, CPU seconds by part while staging)."""
     secret = work / "secret"
     secret.write_text(secrets.token_hex(32))
     nodes = []
@@ -97,6 +142,8 @@ def cluster_run(n: int, server: S3Server, proxy: FaultProxy, work: Path, nbytes:
             for _, _, folder in nodes:
                 wait_formed(folder / "d.sock", n)
         before = proxy.bytes_forwarded
+        cpu_before = ([cpu_of(p.pid) for p in daemons], children_cpu(), time.process_time(), cpu_of(server.pid),
+                      [cpu_wait_of(p.pid) for p in daemons])
         began = time.monotonic()
         stages = [subprocess.Popen([sys.executable, "-m", "stager", "stage", "s3://bench/corpus", "--cache",
                                     str(folder / "cache"), "--socket", str(folder / "d.sock"), "--json", "-o",
@@ -109,7 +156,24 @@ def cluster_run(n: int, server: S3Server, proxy: FaultProxy, work: Path, nbytes:
             if proc.returncode != 0:
                 raise SystemExit(f"stager stage failed: {err.decode()[-2000:]}")
         seconds = time.monotonic() - began
-        return seconds, (proxy.bytes_forwarded - before) / nbytes
+        cpu = {"daemons": sum(cpu_of(p.pid) - c for p, c in zip(daemons, cpu_before[0])),
+               "stages": children_cpu() - cpu_before[1], "proxy": time.process_time() - cpu_before[2],
+               "rclone": cpu_of(server.pid) - cpu_before[3]}
+        cpu["share"] = sum(cpu.values()) / ((os.cpu_count() or 1) * seconds)
+        cpu["daemons_waiting"] = sum(cpu_wait_of(p.pid) - w for p, w in zip(daemons, cpu_before[4]))
+        # What sends a shard to the origin twice: a hedged origin request, a peer failure, a member seen down.
+        for host, _, folder in nodes:
+            status = daemon_status(folder / "d.sock")
+            engine, cluster = status["engine"], status.get("cluster") or {}
+            failures = {k: v for k, v in cluster.get("peer_failures", {}).items() if v}
+            downs = [line for line in (folder / "log").read_text(errors="replace").splitlines()
+                     if "is down (" in line or "answers again" in line]
+            print(f"  {host}: from the origin {engine['bytes_from_origin'] / nbytes:.3f} of the dataset, hedged "
+                  f"{engine['hedged_requests']} (won {engine['hedges_won']}); peer failures {failures or 'none'}; "
+                  f"membership changes seen: {len(downs)}", flush=True)
+            for line in downs:
+                print(f"    {line}", flush=True)
+        return seconds, (proxy.bytes_forwarded - before) / nbytes, cpu
     finally:
         for proc in daemons:
             proc.terminate()
@@ -166,7 +230,12 @@ def main() -> None:
         with FaultProxy(server.endpoint_url, plan, credentials=server.credentials) as proxy:
             one_cluster = one_s5 = None
             for n in args.nodes:
-                c_seconds, c_ratio = cluster_run(n, server, proxy, work, nbytes)
+                c_seconds, c_ratio, cpu = cluster_run(n, server, proxy, work, nbytes)
+                print(f"N={n} CPU seconds while staging: daemons {cpu['daemons']:.1f}, stage runs "
+                      f"{cpu['stages']:.1f}, proxy (this process) {cpu['proxy']:.1f}, rclone {cpu['rclone']:.1f}; "
+                      f"{cpu['share']:.0%} of the machine's {os.cpu_count()} cores over {c_seconds:.1f} s; "
+                      f"the daemons' threads waited {cpu['daemons_waiting']:.1f} s for a CPU; "
+                      f"load average {os.getloadavg()[0]:.1f}", flush=True)
                 s5 = s5cmd_run(n, server, proxy, work, nbytes)
                 one_cluster = one_cluster or c_seconds
                 one_s5 = one_s5 or (s5[0] if s5 else None)

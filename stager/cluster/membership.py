@@ -191,6 +191,7 @@ class Membership:
         self._file_stamp: tuple[int, int] | None = None
         self._local: set[str] = set()
         self.changes = 0  # how many times the member list changed
+        self._on_down: list[Callable[[str], None]] = []
 
     @property
     def peers(self) -> list[str]:
@@ -204,10 +205,16 @@ class Membership:
     def down(self) -> list[str]:
         return [m for m in self.members if m in self._down]
 
+    def on_down(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(peer)`` each time a peer is found down (to give up what waits on it)."""
+        self._on_down.append(callback)
+
     def mark_down(self, peer: str, why: str) -> None:
         if peer != self.me and peer in self.members and peer not in self._down:
             self._down[peer] = self._clock()
             log.warning("peer %s is down (%s): skipped until it answers a health check", peer, why)
+            for callback in self._on_down:
+                callback(peer)
 
     def mark_up(self, peer: str) -> None:
         if self._down.pop(peer, None) is not None:

@@ -1,10 +1,20 @@
 """Asking peers: signed ranged GETs streamed into a sink, health checks, every failure a PeerError by kind.
 
-One aiohttp session for all peers (at most ``per_peer`` connections to
-each), over TLS when the cluster uses it. Every request has a deadline: a
-connection within ``connect_timeout``, no pause longer than ``idle_timeout``
-between bytes, and the whole body within ``deadline`` plus the time it takes
-at ``min_rate``. aiohttp's errors are translated here, once, into
+One aiohttp session for all peers' blob requests (at most ``per_peer``
+connections to each), over TLS when the cluster uses it, and a second one for
+health checks alone: a relay request holds its connection for as long as
+the peer's own origin fetch takes, and a check queued behind such requests
+would time out and have a busy peer taken for a dead one. Every request has a deadline: a
+connection within ``connect_timeout``, the first byte within ``idle_timeout``
+(``first_byte_timeout`` for a request the peer may have to fetch from the
+origin first, in ``relay`` or ``fetch`` mode: under a slow shared origin its
+queue is long, and asking the origin ourselves instead would read the blob
+twice through the same link), no pause longer than ``idle_timeout`` between
+bytes after that, and the whole body within that wait plus ``deadline`` plus
+the time it takes at ``min_rate``. A peer that died meanwhile is found by
+its reset connection or the health checks, not by these waits: when the
+health checks find a peer down (:meth:`PeerClient.abandon`), every request
+still waiting on it ends at once as ``down``. aiohttp's errors are translated here, once, into
 :class:`~stager.errors.PeerError` with a ``kind`` (``down``, ``timeout``,
 ``refused``, ``missing``, ``corrupt``, ``protocol``) that the engine's
 fallback and the failure counters use.
@@ -31,6 +41,7 @@ class PeerTimeouts:
 
     connect_timeout: float = 2.0
     idle_timeout: float = 10.0
+    first_byte_timeout: float = 60.0
     deadline: float = 20.0
     min_rate: float = 4 << 20
     health_timeout: float = 2.0
@@ -47,6 +58,8 @@ class PeerClient:
         self.timeouts = timeouts
         self.per_peer = per_peer
         self._session: aiohttp.ClientSession | None = None
+        self._health_session: aiohttp.ClientSession | None = None
+        self._gone: dict[str, asyncio.Event] = {}  # per peer: set when it is found down
         self._scheme = "https" if ssl_context is not None else "http"
 
     def _client(self) -> aiohttp.ClientSession:
@@ -56,6 +69,12 @@ class PeerClient:
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
 
+    def _health_client(self) -> aiohttp.ClientSession:
+        if self._health_session is None or self._health_session.closed:
+            connector = aiohttp.TCPConnector(limit_per_host=1, ssl=self._ssl or False, keepalive_timeout=30)
+            self._health_session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._health_session
+
     def url(self, peer: str, path: str) -> str:
         return f"{self._scheme}://{peer}{path}"
 
@@ -64,30 +83,54 @@ class PeerClient:
         None if it does not answer within the health timeout (busy, or gone: the caller counts these)."""
         timeout = aiohttp.ClientTimeout(total=self.timeouts.health_timeout)
         try:
-            async with self._client().get(self.url(peer, "/healthz"), timeout=timeout) as response:
+            async with self._health_client().get(self.url(peer, "/healthz"), timeout=timeout) as response:
                 return response.status == 200
         except asyncio.TimeoutError:
             return None
         except (aiohttp.ClientError, OSError, ValueError):
             return False
 
-    def _timeout(self, nbytes: int) -> aiohttp.ClientTimeout:
+    def _timeout(self, nbytes: int, mode: str = "hold") -> aiohttp.ClientTimeout:
+        """The request's limits; ``sock_read`` bounds the wait for the answer (the server answers with the
+        first block), the pauses in the body are bounded by :meth:`read_into` itself."""
         t = self.timeouts
-        return aiohttp.ClientTimeout(total=t.deadline + nbytes / t.min_rate, sock_connect=t.connect_timeout,
-                                     sock_read=t.idle_timeout)
+        first = t.idle_timeout if mode == "hold" else max(t.idle_timeout, t.first_byte_timeout)
+        return aiohttp.ClientTimeout(total=first + t.deadline + nbytes / t.min_rate, sock_connect=t.connect_timeout,
+                                     sock_read=first)
+
+    def abandon(self, peer: str) -> None:
+        """``peer`` was found down: every request waiting on it now ends with PeerError (kind ``down``)."""
+        gone = self._gone.pop(peer, None)
+        if gone is not None:
+            gone.set()
 
     async def read_into(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink]) -> int:
         """Stream the range ``ask`` names from ``peer`` into a new sink; the bytes received.
 
         Raises:
-            PeerError: the peer is down, slow, refuses, lacks the blob, sends a short body, or
-                bytes the sink finds corrupt (kind ``corrupt``).
+            PeerError: the peer is down (or found down meanwhile), slow, refuses, lacks the blob, sends a
+                short body, or bytes the sink finds corrupt (kind ``corrupt``).
         """
+        gone = self._gone.setdefault(peer, asyncio.Event())
+        request = asyncio.ensure_future(self._read_into(peer, ask, open_sink))
+        waiter = asyncio.ensure_future(gone.wait())
+        try:
+            await asyncio.wait((request, waiter), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not request.done():  # found down, or our caller was cancelled: the request ends here
+                request.cancel()
+                await asyncio.gather(request, return_exceptions=True)
+        if request.cancelled():
+            raise PeerError(f"peer {peer}: found down while this request waited on it", "down")
+        return request.result()
+
+    async def _read_into(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink]) -> int:
         expected = ask.end - ask.start
         headers = {**ask.headers(), **self.auth.sign("GET", ask.digest, ask.start, ask.end, ask.context())}
         try:
             async with self._client().get(self.url(peer, BLOBS_PATH + ask.digest), params=ask.query(),
-                                          headers=headers, timeout=self._timeout(expected)) as response:
+                                          headers=headers, timeout=self._timeout(expected, ask.mode)) as response:
                 _check_status(peer, response.status)
                 if response.content_length != expected:
                     raise PeerError(f"peer {peer}: answered {response.content_length} bytes for a range of "
@@ -96,7 +139,11 @@ class PeerClient:
 
                 async def chunks() -> AsyncIterator[bytes]:
                     nonlocal received
-                    async for chunk in response.content.iter_any():
+                    while True:
+                        async with asyncio.timeout(self.timeouts.idle_timeout):
+                            chunk = await response.content.readany()
+                        if not chunk:
+                            break
                         received += len(chunk)
                         if received > expected:
                             raise PeerError(f"peer {peer}: sent more than {expected} bytes", "protocol")
@@ -148,9 +195,10 @@ class PeerClient:
             raise _translated(peer, exc) from exc
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._health_session):
+            if session is not None:
+                await session.close()
+        self._session = self._health_session = None
 
 
 def _translated(peer: str, exc: BaseException) -> PeerError:

@@ -9,10 +9,17 @@ owned the blob before a member joined (``hold``: only what they have). The
 origin is always the last source, so a read never fails because a peer did.
 
 Every block a peer sends goes through the engine's sink, which verifies it
-against the manifest. A peer that is down, slower than its deadline or
-refuses is marked down (skipped until it answers a health check); one whose
-bytes fail verification is skipped for ``bad_peer_seconds`` too. Both are
+against the manifest. A peer that is down or refuses is marked down
+(skipped until it answers a health check); one whose bytes fail
+verification is skipped for ``bad_peer_seconds`` too. One slower than its
+deadline is passed over for that request only: the health checks judge
+whether it is alive, and ranking every blob without a peer that is merely
+busy would send its whole share to the origin until the next check. All are
 counted by kind. A peer that lacks the blob (404) is simply passed over.
+A peer found down (by a failed request or the health checks) also ends every
+request still waiting on it (``PeerClient.abandon``), so a request whose long
+wait for a first byte was meant for a peer fetching from the origin does not
+sit it out on a peer that stopped answering.
 """
 
 from __future__ import annotations
@@ -103,6 +110,7 @@ class ClusterSources:
         self._bad: dict[str, float] = {}
         self._ring: PeerRing | None = None
         self._ring_key: tuple[tuple[str, ...], str] | None = None
+        membership.on_down(client.abandon)  # a request waiting on a peer found down moves on at once
 
     def ring(self) -> PeerRing:
         """The live members, this node included, as one ring (rebuilt only when they change)."""
@@ -132,7 +140,7 @@ class ClusterSources:
     def failed(self, peer: str, exc: PeerError) -> None:
         """Count a failed request and keep away from the peer as its failure deserves."""
         self.stats.failed(exc.kind)
-        if exc.kind in ("down", "timeout", "refused"):
+        if exc.kind in ("down", "refused"):  # not "timeout": busy is not dead (see the module doc)
             self.membership.mark_down(peer, exc.kind)
         elif exc.kind in ("corrupt", "protocol"):
             if peer not in self._bad:

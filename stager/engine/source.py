@@ -6,10 +6,11 @@ whose sink verifies each block against the manifest) or into memory (for the
 hedge). :class:`BlobSources` names, for each blob, the sources to try, best
 first; the last is always the origin (:class:`OriginSource`: the dataset's
 store, exactly as the engine read it before sources existed). The engine
-moves to the next source for the blocks still unverified when one raises
+moves on for the blocks still unverified when one raises
 :class:`~stager.errors.BlobSourceError`, times out, or sends bytes that fail
-verification more than ``corrupt_budget`` times; the origin keeps its store's
-retry policy and errors.
+verification more than ``corrupt_budget`` times: it asks ``for_blob`` again
+(a failure may have changed the answer) and takes the first source it has not
+tried yet; the origin keeps its store's retry policy and errors.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ PEER = "peer"  # the kind of every other source, unless it says otherwise
 class BlobSource(abc.ABC):
     """One place the bytes of a blob's blocks can come from: the origin today, a peer node next."""
 
-    name: str = PEER  # for stats and logs, e.g. "origin", "peer 127.0.0.2:7070"
+    name: str = PEER  # for stats and logs, e.g. "origin", "peer 127.0.0.2:7070"; one per place (a span
+    # does not ask a source of the same name twice)
     kind: str = PEER  # what its bytes and failures are counted under (EngineStats)
     #: Attempts whose bytes fail verification that the engine lets pass before it skips the source.
     corrupt_budget: int = 1

@@ -1,7 +1,9 @@
 """One span's fetch: its blocks from the blob's sources in turn, through the gate, hedged at the origin.
 
 A :class:`SpanFetch` asks the blob's sources (:mod:`.source`) in order for
-the span's blocks still unverified; only a request to the origin takes a slot
+the span's blocks still unverified, naming them again after each failure
+(those tried left out: a peer found dead changes whom to ask, and the rest
+comes from its successor before the origin); only a request to the origin takes a slot
 of the engine's priority gate (a peer's answer may wait on a fetch that peer
 makes for this node: two nodes whose slots all waited on each other would
 stall), requests to peers being bounded by their own client. A source
@@ -55,12 +57,14 @@ class SpanFetch:
         ctx, span = self._ctx, self._span
         indexes = span.indexes
         try:
-            sources = ctx.sources.for_blob(self._ref)
-            for n, source in enumerate(sources):
+            sources = list(ctx.sources.for_blob(self._ref))
+            tried: set[str] = set()
+            while sources:
+                source = sources[0]
                 todo = [index for index in indexes if index not in self._partial.verified]
                 if not todo:
                     break
-                if n == len(sources) - 1:  # the origin: its retry policy, hedged, its errors stand
+                if len(sources) == 1:  # the origin: its retry policy, hedged, its errors stand
                     await self._from_origin(source, todo[0], todo[-1])
                     break
                 try:
@@ -70,6 +74,13 @@ class SpanFetch:
                     failures[source.kind] = failures.get(source.kind, 0) + 1
                     log.info("%s: blocks %d-%d not from %s (the next source is tried): %s",
                              self._ref.path, todo[0], todo[-1], source.name, exc or type(exc).__name__)
+                    # What failed may have changed whom to ask (a peer found dead leaves the ring, and the
+                    # blob has a new parent or owner that holds or fetches the rest): the sources are named
+                    # again, those tried left out, so the rest comes from a live holder before the origin.
+                    tried.add(source.name)
+                    sources = [s for s in ctx.sources.for_blob(self._ref) if s.name not in tried]
+                    continue
+                sources = sources[1:]  # it answered: the loop ends here unless it left blocks unverified
         except Exception as exc:  # cancellation is settled by the job (the blocks may be wanted again)
             for block in span.blocks:
                 if not block.future.done():

@@ -70,6 +70,40 @@ def test_an_owner_killed_mid_transfer_leaves_every_other_node_complete_and_exact
         wait_until(lambda: victim.address in node.status()["cluster"]["down"], 10, f"{node.address} to see it down")
 
 
+def test_an_owner_killed_mid_transfer_costs_the_origin_only_what_no_live_node_holds(cluster):
+    # A survivor cut off mid-span by the owner's death asks the blob's new parent or owner for the rest,
+    # not the origin: the survivors together read each block from the origin at most once (before, each
+    # read the rest of every span it had in flight from the dead owner itself: 1.17x to 1.54x in all).
+    nodes = [cluster.add(h) for h in HOSTS]
+    cluster.start(*nodes)
+    total = cluster.corpus.manifest.total_bytes
+    cluster.proxy.update(connection_bps=1_000_000)  # every node is mid-span from the owner when it dies
+    victim, survivors = nodes[0], nodes[1:]
+    before = origin_bytes(cluster)
+
+    async def run() -> None:
+        async def kill_when_a_third_has_moved() -> None:
+            for _ in range(600):  # at most 30 s
+                if origin_bytes(cluster) - before > total / 3:
+                    break
+                await asyncio.sleep(0.05)
+            victim.daemon.kill()  # SIGKILL
+
+        await asyncio.gather(cluster.stage_all(nodes, 90.0, may_fail=[victim]), kill_when_a_third_has_moved())
+
+    asyncio.run(run())
+    assert victim.daemon.proc.returncode == -signal.SIGKILL
+    read = origin_bytes(cluster) - before - 2 * len(nodes) * cluster.corpus.manifest_size
+    for node in survivors:
+        cluster.assert_complete_and_exact(node)
+    statuses = [n.status() for n in survivors]
+    by_survivors = sum(s["engine"]["bytes_from_origin"] for s in statuses)
+    detail = "\n".join(str(s["cluster"]) for s in statuses)
+    assert by_survivors <= total, (by_survivors, total, detail)
+    # At the proxy: one dataset, plus what the dead owner had read and no survivor had received yet.
+    assert read <= 1.15 * total, (read, total, detail)
+
+
 def test_a_peer_that_flips_bytes_is_detected_and_bypassed(cluster, fault_proxy):
     nodes = [cluster.add(h) for h in HOSTS[:3]]
     liar = nodes[1]

@@ -129,6 +129,41 @@ async def test_a_source_that_fails_midway_leaves_the_remaining_blocks_to_the_ori
     assert (peer.reads, stats["source_failures_peer"]) == (len(manifest), len(manifest))
 
 
+class Rerouted:
+    """Names ``first`` before the origin until it has failed; then ``then`` instead (as a ring without a
+    peer found dead names a blob's new parent)."""
+
+    def __init__(self, first: CutShort, then: BlobSource) -> None:
+        self.first, self.then = first, then
+
+    def for_blob(self, ref):
+        if self.first.reads:
+            return (self.then, OriginSource())
+        return (self.first, OriginSource())
+
+
+async def test_after_a_source_fails_the_sources_are_named_again_and_the_rest_comes_from_the_new_one(
+        http_origin, fault_proxy, tmp_path):
+    root = http_origin.root / "corpus"
+    manifest = make_corpus(root, shards=1)
+    dead, successor = CutShort(root, blocks=2), StoreSource(root)
+    successor.name = "successor"  # sources are told apart by name
+    proxy = fault_proxy(http_origin)
+    total = int(manifest.sizes[0])
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(), sources=Rerouted(dead, successor)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            before = proxy.bytes_forwarded
+            await asyncio.wait_for(engine.ensure(dataset.ref(0)), 30)
+            assert_cache_matches(cache, manifest, root)
+            stats, from_origin = engine.stats.as_dict(), proxy.bytes_forwarded - before
+    await dead.store.close()
+    await successor.store.close()
+    assert from_origin == 0  # the blocks the dead source did not send came from its successor
+    assert (stats["bytes_from_peers"], stats["bytes_from_origin"]) == (total, 0)
+    assert (dead.reads, successor.reads, stats["source_failures_peer"]) == (1, 1, 1)
+
+
 async def test_a_source_that_does_not_answer_times_out_to_the_origin_and_a_block_read_works_too(
         http_origin, fault_proxy, tmp_path):
     root = http_origin.root / "corpus"
