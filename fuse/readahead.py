@@ -20,7 +20,13 @@ distant future, then ``ramp`` times more each time the reader moves on to the
 next file, up to ``window_bytes`` (each step makes a new plan from the
 reader's position; fetches in flight are shared and go on).
 While reads stay inside a stream's files it only advances (which also tells
-the cache those files were consumed). Reads elsewhere start another stream; the least recently
+the cache those files were consumed), and only a read at the start of a later
+file, or one that follows the previous read of its handle, moves it on and
+widens its window: a random reader whose reads happen to look like a walk for
+a moment (two files read from their starts in a row, three adjacent reads)
+must not ramp a stream up to the whole dataset by touching the files after it.
+``STRAYS`` reads in a row inside a stream's files that follow nothing (random
+access) close it. Reads elsewhere start another stream; the least recently
 used of more than ``streams`` streams is closed. Random reads start nothing:
 they fetch only the blocks they touch.
 
@@ -43,6 +49,7 @@ log = logging.getLogger(__name__)
 
 SLACK = 1 << 20  # bytes a "next" read may start before or after the end of the previous ones
 STREAK = 3  # adjacent reads in a row (the first from offset 0 counts) that make a file's access sequential
+STRAYS = 3  # reads in a row inside a stream's files that follow nothing: the stream was a false start
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +88,7 @@ class Access:
 
 
 class _Stream:
-    __slots__ = ("start", "stop", "plan", "base", "window", "planned", "target", "advanced", "used")
+    __slots__ = ("start", "stop", "plan", "base", "window", "planned", "target", "advanced", "used", "strays")
 
     def __init__(self, start: int, stop: int) -> None:
         self.start = start  # walk positions [start, stop)
@@ -93,6 +100,7 @@ class _Stream:
         self.target = start  # the reader is at this position
         self.advanced = start  # the plan was told about this one
         self.used = time.monotonic()
+        self.strays = 0  # reads in a row in its files that followed nothing
 
 
 class ReadAhead:
@@ -129,6 +137,14 @@ class ReadAhead:
         stream = self._stream_at(pos)
         if stream is not None:
             stream.used = time.monotonic()
+            if access.streak == 0:  # follows nothing, and not a file's start: random access
+                stream.strays += 1
+                if stream.strays >= STRAYS:
+                    self._streams.remove(stream)
+                    self._closing.append(stream)
+                    self._wake.set()
+                return
+            stream.strays = 0
             if pos > stream.target:
                 stream.target = pos
                 stream.window = min(self.config.window_bytes, max(1, stream.window * self.config.ramp))
@@ -174,7 +190,11 @@ class ReadAhead:
             self.dataset, self.order[stream.target:stream.stop], window_bytes=max(1, stream.window),
             name=f"mount-readahead-{self.plans_made}"), "starting read-ahead")
         if plan is None:
-            self._streams.remove(stream)
+            if stream in self._streams:
+                self._streams.remove(stream)
+        elif stream not in self._streams:  # closed while its plan was being made (strays, or too many streams)
+            self.plans_made += 1
+            await self._quietly(plan.close(), "closing a read-ahead plan")
         else:
             stream.plan, stream.base, stream.planned, stream.advanced = plan, stream.target, stream.window, stream.target
             self.plans_made += 1

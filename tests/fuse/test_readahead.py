@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from stager.fuse.readahead import SLACK, STREAK, Access, ReadAhead, ReadAheadConfig
+from stager.fuse.readahead import SLACK, STRAYS, STREAK, Access, ReadAhead, ReadAheadConfig
 from stager.fuse.tree import Tree
 from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig, FetchConfig, SourceConfig
@@ -76,6 +76,42 @@ async def test_sequential_reads_stage_the_files_that_follow_and_random_reads_sta
                 while readahead.plans_made < 4 or len(session.engine._plans) > 2:
                     assert time.monotonic() < deadline, "the oldest stream was never closed"
                     await asyncio.sleep(0.02)
+            finally:
+                await readahead.close()
+            assert session.engine._plans == []
+
+
+async def test_a_random_reader_that_looks_like_a_walk_for_a_moment_does_not_ramp_a_stream_over_the_dataset(tmp_path):
+    """Two files read from their starts in a row start a stream; random reads in the files after them (fio
+    round-robin over the files) must neither widen it nor advance it, and close it after STRAYS of them."""
+    manifest = generate_corpus(tmp_path / "corpus", shards=12, tokens_per_shard=40_000, seed=3, block_size=16 * KiB)
+    tree = Tree.from_manifest(manifest)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=1 << 30)) as cache:
+        session = EmbeddedSession(Engine(cache, FetchConfig(concurrency=4, durable=False)), owns_cache=False)
+        async with session:
+            dataset = await session.open_dataset(SourceConfig(str(tmp_path / "corpus")))
+            readahead = ReadAhead(session, dataset, tree.order, tree.positions,
+                                  ReadAheadConfig(window_bytes=1 << 30, first_window=1, ramp=1 << 24, files=12))
+            readahead.start()
+            try:
+                handles = {int(i): Access() for i in tree.order}
+                for position in (0, 1):  # by chance, at offset 0 of two files in walk order
+                    readahead.on_read(int(tree.order[position]), handles[int(tree.order[position])], 0, 4096)
+                deadline = time.monotonic() + 10
+                while readahead.plans_made < 1:
+                    assert time.monotonic() < deadline, "no stream started"
+                    await asyncio.sleep(0.01)
+                for n, position in enumerate(range(2, 2 + STRAYS)):  # then random offsets of the files after
+                    index = int(tree.order[position])
+                    readahead.on_read(index, handles[index], 16 * KiB * (3 + 2 * n), 4096)
+                deadline = time.monotonic() + 10
+                while session.engine._plans:
+                    assert time.monotonic() < deadline, "the false start was never closed"
+                    await asyncio.sleep(0.01)
+                assert readahead.plans_made == 1  # never re-planned with a wider window
+                await asyncio.sleep(0.3)
+                later = [manifest.digest(int(i)) for i in tree.order[3:]]
+                assert sum(cache.state(d) is BlobState.COMPLETE for d in later) <= 1
             finally:
                 await readahead.close()
             assert session.engine._plans == []
