@@ -5,10 +5,13 @@ signals count as sequential:
 
 - inside one open file, reads that follow each other (each starting within
   ``SLACK`` bytes of where the previous ones ended; the kernel's own
-  read-ahead sends them slightly out of order) ``STREAK`` times in a row;
+  read-ahead sends them slightly out of order) ``STREAK`` times in a row,
+  having read at least half of the bytes they span;
 - across files, a file read from its start right after the file before it
-  in walk order (``cp -r``, ``tar``, ``rsync``, ``sha256sum *`` walk the tree
-  in that order) -- so small files that fit in one read count too.
+  in walk order was read from its start to its end (``cp -r``, ``tar``,
+  ``rsync``, ``sha256sum *`` walk the tree in that order) -- so small files
+  that fit in one read count too, but not a random reader that happens to
+  read the first bytes of two files in a row.
 
 On either signal, the file's position in the walk order gets a *stream*: a
 plan (``Session.plan``) over the next ``files`` files from there, whose
@@ -23,10 +26,11 @@ While reads stay inside a stream's files it only advances (which also tells
 the cache those files were consumed), and only a read at the start of a later
 file, or one that follows the previous read of its handle, moves it on and
 widens its window: a random reader whose reads happen to look like a walk for
-a moment (two files read from their starts in a row, three adjacent reads)
-must not ramp a stream up to the whole dataset by touching the files after it.
-``STRAYS`` reads in a row inside a stream's files that follow nothing (random
-access) close it. Reads elsewhere start another stream; the least recently
+a moment (three adjacent reads) must not ramp a stream up to the whole
+dataset by touching the files after it. ``STRAYS`` reads in a row inside a
+stream's files that follow nothing (not adjacent to their handle's previous
+read, nor at a file's start, or more than ``NEXT`` files past the reader)
+close it. Reads elsewhere start another stream; the least recently
 used of more than ``streams`` streams is closed. Random reads start nothing:
 they fetch only the blocks they touch.
 
@@ -50,6 +54,7 @@ log = logging.getLogger(__name__)
 SLACK = 1 << 20  # bytes a "next" read may start before or after the end of the previous ones
 STREAK = 3  # adjacent reads in a row (the first from offset 0 counts) that make a file's access sequential
 STRAYS = 3  # reads in a row inside a stream's files that follow nothing: the stream was a false start
+NEXT = 4  # a read this many files past a stream's reader still follows it (a few readers walking together)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,21 +75,28 @@ class ReadAheadConfig:
 class Access:
     """One open file's recent reads: are they sequential?"""
 
-    __slots__ = ("end", "streak")
+    __slots__ = ("end", "streak", "origin", "covered")
 
     def __init__(self) -> None:
         self.end = -1
         self.streak = 0
+        self.origin = -1  # where the current run of adjacent reads began (0: the file's start)
+        self.covered = 0  # bytes read in that run (at most end - origin)
 
     def observe(self, offset: int, size: int) -> bool:
-        """Record a read; True once the reads look sequential."""
+        """Record a read; True once the reads look sequential: ``STREAK`` adjacent reads in a row that read
+        at least half of the bytes they span (small random reads a few blocks apart are adjacent too, but
+        leave most of their span unread)."""
         if self.end >= 0 and self.end - SLACK <= offset <= self.end + SLACK:
             self.streak += 1
             self.end = max(self.end, offset + size)
+            self.covered = min(self.covered + size, self.end - self.origin)
         else:
             self.streak = 1 if offset == 0 else 0
+            self.origin = offset
             self.end = offset + size
-        return self.streak >= STREAK
+            self.covered = size
+        return self.streak >= STREAK and 2 * self.covered >= self.end - self.origin
 
 
 class _Stream:
@@ -114,7 +126,8 @@ class ReadAhead:
         self.position = position  # walk position of each manifest index
         self.config = config
         self._streams: list[_Stream] = []
-        self._last_start = -2  # walk position of the last file read from its start
+        self.sizes = dataset.manifest.sizes
+        self._last_read = -2  # walk position of the last file read from its start to its end
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing: list[_Stream] = []
@@ -130,14 +143,14 @@ class ReadAhead:
             return
         sequential = access.observe(offset, size)
         pos = int(self.position[index])
-        if offset == 0:
-            if pos == self._last_start + 1:
-                sequential = True  # the next file in walk order, from its start
-            self._last_start = pos
+        if offset == 0 and pos == self._last_read + 1:
+            sequential = True  # the next file in walk order, from its start
+        if access.origin == 0 and access.end >= int(self.sizes[index]):
+            self._last_read = pos  # read from its start to its end
         stream = self._stream_at(pos)
         if stream is not None:
             stream.used = time.monotonic()
-            if access.streak == 0:  # follows nothing, and not a file's start: random access
+            if access.streak == 0 or pos > stream.target + NEXT:  # follows nothing: random access
                 stream.strays += 1
                 if stream.strays >= STRAYS:
                     self._streams.remove(stream)

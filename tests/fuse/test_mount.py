@@ -28,7 +28,7 @@ from stager.manifest import Manifest, ShardEntry, save_manifest
 from stager.store import open_store
 from stager.loopback.fault_plan import FaultPlan
 
-from .dataset import BLOCK, make_dataset
+from .dataset import BLOCK, index, make_dataset
 from .mounts import STAGER, alive, wait_until
 
 FAULTS = {"latency_s": 0.002, "slowdown_p": 0.06, "error500_p": 0.05, "reset_p": 0.05, "truncate_p": 0.05,
@@ -227,6 +227,40 @@ def test_a_random_read_fetches_its_block_alone_and_sequential_reads_stage_ahead(
         wait_until(lambda later=later: (r := cache_state(mount, manifest, later)) is not None
                    and r.state is BlobState.COMPLETE, 20, f"{later} to be staged ahead of the reader")
     assert (mount.path / "train/shard-002.bin").read_bytes() == files["train/shard-002.bin"]
+
+
+def test_cold_random_reads_fetch_at_most_twice_the_bytes_they_read(http_origin, fault_proxy, mount_factory):
+    """fio's random reads round-robin over the files: by chance, the first bytes of files in walk order and
+    adjacent reads of one file. Counted at the proxy in front of the
+    origin, the mount fetches only about the blocks read, not the files after them."""
+    root = http_origin.root / "random"
+    rng = random.Random(5)
+    blocks = 32
+    files = {f"part/{i:02d}.bin": rng.randbytes(blocks * BLOCK) for i in range(8)}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    index(root)
+    proxy = fault_proxy(http_origin, FaultPlan(), seed=3)
+    mount = mount_factory(f"{proxy.url}/random")
+    names = sorted(files)
+    reads = [(i % len(names), rng.randrange(blocks)) for i in range(64)]
+    reads[0], reads[1] = (0, 0), (1, 0)  # the starts of two files in walk order
+    reads[16], reads[24] = (0, 5), (0, 6)  # two adjacent reads of one file (three would be a walk)
+    fds = [os.open(mount.path / name, os.O_RDONLY) for name in names]
+    try:
+        for fd in fds:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # as fio does: no kernel read-ahead
+        before = proxy.bytes_forwarded
+        for f, block in reads:
+            assert os.pread(fds[f], BLOCK, block * BLOCK) == files[names[f]][block * BLOCK:(block + 1) * BLOCK]
+    finally:
+        for fd in fds:
+            os.close(fd)
+    time.sleep(1.0)  # what the mount still fetches because of those reads counts too
+    fetched = proxy.bytes_forwarded - before
+    read = len(reads) * BLOCK
+    assert fetched <= 2 * read, f"fetched {fetched} bytes for {read} read ({fetched / read:.1f}x)"
 
 
 def test_an_origin_that_stays_down_gives_eio_in_bounded_time_then_recovers(origin, mount_factory):

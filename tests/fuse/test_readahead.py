@@ -64,14 +64,18 @@ async def test_sequential_reads_stage_the_files_that_follow_and_random_reads_sta
                 await wait_complete(cache, [manifest.digest(int(i)) for i in tree.order[4:7]])
                 assert readahead.plans_made == 2  # the first step of the ramp makes a plan with a wider window
                 assert cache.state(manifest.digest(int(tree.order[7]))) is BlobState.ABSENT  # 4 files per stream
-                # files read from their start one after the other (cp -r, tar) make a stream too
+                # files read whole one after the other (cp -r, tar) make a stream too
+                def whole(position: int) -> None:
+                    index = int(tree.order[position])
+                    readahead.on_read(index, Access(), 0, int(manifest.sizes[index]))
+
                 for position in (9, 10):
-                    readahead.on_read(int(tree.order[position]), Access(), 0, 64 * KiB)
+                    whole(position)
                 await wait_complete(cache, [manifest.digest(int(tree.order[10]))])
                 assert readahead.plans_made == 3
                 # a third stream closes the least recently used one: at most `streams` plans stay open
-                readahead.on_read(int(tree.order[0]), Access(), 0, 64 * KiB)
-                readahead.on_read(int(tree.order[1]), Access(), 0, 64 * KiB)
+                whole(0)
+                whole(1)
                 deadline = time.monotonic() + 10
                 while readahead.plans_made < 4 or len(session.engine._plans) > 2:
                     assert time.monotonic() < deadline, "the oldest stream was never closed"
@@ -82,8 +86,9 @@ async def test_sequential_reads_stage_the_files_that_follow_and_random_reads_sta
 
 
 async def test_a_random_reader_that_looks_like_a_walk_for_a_moment_does_not_ramp_a_stream_over_the_dataset(tmp_path):
-    """Two files read from their starts in a row start a stream; random reads in the files after them (fio
-    round-robin over the files) must neither widen it nor advance it, and close it after STRAYS of them."""
+    """fio's random reads round-robin over the files: the first bytes of two files in a row start no stream;
+    a stream started by adjacent reads (by chance) is neither widened nor advanced by random reads in the files
+    after it, and STRAYS of them close it."""
     manifest = generate_corpus(tmp_path / "corpus", shards=12, tokens_per_shard=40_000, seed=3, block_size=16 * KiB)
     tree = Tree.from_manifest(manifest)
     with CacheTier(CacheConfig(tmp_path / "cache", capacity=1 << 30)) as cache:
@@ -97,6 +102,11 @@ async def test_a_random_reader_that_looks_like_a_walk_for_a_moment_does_not_ramp
                 handles = {int(i): Access() for i in tree.order}
                 for position in (0, 1):  # by chance, at offset 0 of two files in walk order
                     readahead.on_read(int(tree.order[position]), handles[int(tree.order[position])], 0, 4096)
+                await asyncio.sleep(0.2)
+                assert readahead.plans_made == 0
+                first = int(tree.order[1])
+                for offset in (4096, 8192):  # by chance, adjacent reads of one file
+                    readahead.on_read(first, handles[first], offset, 4096)
                 deadline = time.monotonic() + 10
                 while readahead.plans_made < 1:
                     assert time.monotonic() < deadline, "no stream started"
