@@ -446,3 +446,45 @@ def test_a_byte_flipped_in_a_staged_blob_on_disk_is_never_served(http_origin, mo
         assert (mount.path / other).read_bytes() == files[other]
     with CacheTier(CacheConfig(mount.cache, capacity=1 << 30), reconcile=False) as cache:
         assert not cache.verify(repair=False).bad  # the bad copy was dropped: what the cache holds now is good
+
+
+def test_concurrent_reads_of_staged_files_outside_the_page_cache_never_mix_bytes(http_origin, mount_factory):
+    """Reads of complete files share a few reused buffers in the mount: many readers at once, each dropping
+    the page cache of its file and of its cache file before every pass (so every read reaches the mount, and
+    most wait for the disk on a thread), get their own file's bytes, every time."""
+    rng = random.Random(9)
+    files = {f"staged/{i:02d}.bin": rng.randbytes(rng.randrange(3 * BLOCK, 40 * BLOCK)) for i in range(12)}
+    root = http_origin.root / "staged-set"
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    manifest = index(root)
+    url = f"{http_origin.url}/staged-set"
+    mount = mount_factory(url, start=False)
+    staged = subprocess.run([*STAGER, "stage", url, "--cache", str(mount.cache), "--capacity", "1GB"],
+                            capture_output=True, text=True, timeout=120)
+    assert staged.returncode == 0, staged.stderr
+    mount.start()
+    with CacheTier(CacheConfig(mount.cache, capacity=1 << 30), reconcile=False) as cache:
+        blobs = {name: cache.complete_path(manifest.digest(manifest.index_of(name))) for name in files}
+
+    def reader(name: str) -> int:
+        passes = 0
+        fd = os.open(mount.path / name, os.O_RDONLY)
+        blob = os.open(blobs[name], os.O_RDONLY)
+        try:
+            for _ in range(4):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the mount's page cache of this file...
+                os.posix_fadvise(blob, 0, 0, os.POSIX_FADV_DONTNEED)  # ... and its cache file's: reads wait
+                got = bytearray()
+                while chunk := os.pread(fd, 1 << 20, len(got)):
+                    got += chunk
+                assert got == files[name], f"{name}: other bytes on pass {passes}"
+                passes += 1
+        finally:
+            os.close(fd)
+            os.close(blob)
+        return passes
+
+    with ThreadPoolExecutor(len(files)) as pool:
+        assert sum(pool.map(reader, sorted(files), timeout=120)) == 4 * len(files)
