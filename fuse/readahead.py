@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 SLACK = 1 << 20  # bytes a "next" read may start before or after the end of the previous ones
 STREAK = 3  # adjacent reads in a row (the first from offset 0 counts) that make a file's access sequential
 STRAYS = 3  # reads in a row inside a stream's files that follow nothing: the stream was a false start
-NEXT = 4  # a read this many files past a stream's reader still follows it (a few readers walking together)
+NEXT = 16  # a read this many files past a stream's reader still follows it (several readers walking together)
 
 
 @dataclass(frozen=True, slots=True)
