@@ -125,3 +125,40 @@ async def test_a_random_reader_that_looks_like_a_walk_for_a_moment_does_not_ramp
             finally:
                 await readahead.close()
             assert session.engine._plans == []
+
+
+async def test_readers_walking_a_few_files_apart_keep_their_stream(tmp_path):
+    """Loader workers reading whole files in walk order, several at once (each a few files ahead of the
+    others), follow one stream: it advances and widens, and is not closed as random access."""
+    manifest = generate_corpus(tmp_path / "corpus", shards=24, tokens_per_shard=8_000, seed=4, block_size=16 * KiB)
+    tree = Tree.from_manifest(manifest)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=1 << 30)) as cache:
+        session = EmbeddedSession(Engine(cache, FetchConfig(concurrency=4, durable=False)), owns_cache=False)
+        async with session:
+            dataset = await session.open_dataset(SourceConfig(str(tmp_path / "corpus")))
+            readahead = ReadAhead(session, dataset, tree.order, tree.positions,
+                                  ReadAheadConfig(window_bytes=1 << 30, first_window=1, ramp=2, files=24))
+            readahead.start()
+            try:
+                def start_of(position: int, whole: bool = False) -> None:
+                    index = int(tree.order[position])
+                    readahead.on_read(index, Access(), 0, int(manifest.sizes[index]) if whole else 4096)
+
+                start_of(0, whole=True)
+                start_of(1)  # the walk is seen: a stream from here
+                deadline = time.monotonic() + 10
+                while readahead.plans_made < 1:
+                    assert time.monotonic() < deadline, "no stream started"
+                    await asyncio.sleep(0.01)
+                for position in (7, 8, 9, 2, 3, 4, 5, 6, 12, 10):  # eight workers, out of step
+                    start_of(position)
+                    await asyncio.sleep(0.01)
+                deadline = time.monotonic() + 10
+                while readahead.plans_made < 2:
+                    assert time.monotonic() < deadline, "the stream never widened"
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)
+                assert len(session.engine._plans) == 1  # one stream, still open
+            finally:
+                await readahead.close()
+            assert session.engine._plans == []
