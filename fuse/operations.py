@@ -228,8 +228,8 @@ class StagerOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EIO)
         self.readahead.on_read(handle.index, handle.access, off, size)
         blob = handle.blob
-        if blob.complete:  # the warm path: no task, no bookkeeping
-            return await self.reader.read(blob, off, size)
+        if blob.complete:  # the warm path: no task, no bookkeeping; pyfuse3 replies as soon as this returns
+            return await self.reader.read(blob, off, size, replied_at_once=True)
         work = asyncio.ensure_future(self.reader.read(blob, off, size))
         self._reads.add(work)
         try:

@@ -5,10 +5,13 @@ signals count as sequential:
 
 - inside one open file, reads that follow each other (each starting within
   ``SLACK`` bytes of where the previous ones ended; the kernel's own
-  read-ahead sends them slightly out of order) ``STREAK`` times in a row;
+  read-ahead sends them slightly out of order) ``STREAK`` times in a row,
+  having read at least half of the bytes they span;
 - across files, a file read from its start right after the file before it
-  in walk order (``cp -r``, ``tar``, ``rsync``, ``sha256sum *`` walk the tree
-  in that order) -- so small files that fit in one read count too.
+  in walk order was read from its start to its end (``cp -r``, ``tar``,
+  ``rsync``, ``sha256sum *`` walk the tree in that order) -- so small files
+  that fit in one read count too, but not a random reader that happens to
+  read the first bytes of two files in a row.
 
 On either signal, the file's position in the walk order gets a *stream*: a
 plan (``Session.plan``) over the next ``files`` files from there, whose
@@ -20,7 +23,14 @@ distant future, then ``ramp`` times more each time the reader moves on to the
 next file, up to ``window_bytes`` (each step makes a new plan from the
 reader's position; fetches in flight are shared and go on).
 While reads stay inside a stream's files it only advances (which also tells
-the cache those files were consumed). Reads elsewhere start another stream; the least recently
+the cache those files were consumed), and only a read at the start of a later
+file, or one that follows the previous read of its handle, moves it on and
+widens its window: a random reader whose reads happen to look like a walk for
+a moment (three adjacent reads) must not ramp a stream up to the whole
+dataset by touching the files after it. ``STRAYS`` reads in a row inside a
+stream's files that follow nothing (not adjacent to their handle's previous
+read, nor at a file's start, or more than ``NEXT`` files past the reader)
+close it. Reads elsewhere start another stream; the least recently
 used of more than ``streams`` streams is closed. Random reads start nothing:
 they fetch only the blocks they touch.
 
@@ -43,6 +53,8 @@ log = logging.getLogger(__name__)
 
 SLACK = 1 << 20  # bytes a "next" read may start before or after the end of the previous ones
 STREAK = 3  # adjacent reads in a row (the first from offset 0 counts) that make a file's access sequential
+STRAYS = 3  # reads in a row inside a stream's files that follow nothing: the stream was a false start
+NEXT = 16  # a read this many files past a stream's reader still follows it (several readers walking together)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,25 +75,32 @@ class ReadAheadConfig:
 class Access:
     """One open file's recent reads: are they sequential?"""
 
-    __slots__ = ("end", "streak")
+    __slots__ = ("end", "streak", "origin", "covered")
 
     def __init__(self) -> None:
         self.end = -1
         self.streak = 0
+        self.origin = -1  # where the current run of adjacent reads began (0: the file's start)
+        self.covered = 0  # bytes read in that run (at most end - origin)
 
     def observe(self, offset: int, size: int) -> bool:
-        """Record a read; True once the reads look sequential."""
+        """Record a read; True once the reads look sequential: ``STREAK`` adjacent reads in a row that read
+        at least half of the bytes they span (small random reads a few blocks apart are adjacent too, but
+        leave most of their span unread)."""
         if self.end >= 0 and self.end - SLACK <= offset <= self.end + SLACK:
             self.streak += 1
             self.end = max(self.end, offset + size)
+            self.covered = min(self.covered + size, self.end - self.origin)
         else:
             self.streak = 1 if offset == 0 else 0
+            self.origin = offset
             self.end = offset + size
-        return self.streak >= STREAK
+            self.covered = size
+        return self.streak >= STREAK and 2 * self.covered >= self.end - self.origin
 
 
 class _Stream:
-    __slots__ = ("start", "stop", "plan", "base", "window", "planned", "target", "advanced", "used")
+    __slots__ = ("start", "stop", "plan", "base", "window", "planned", "target", "advanced", "used", "strays")
 
     def __init__(self, start: int, stop: int) -> None:
         self.start = start  # walk positions [start, stop)
@@ -93,6 +112,7 @@ class _Stream:
         self.target = start  # the reader is at this position
         self.advanced = start  # the plan was told about this one
         self.used = time.monotonic()
+        self.strays = 0  # reads in a row in its files that followed nothing
 
 
 class ReadAhead:
@@ -106,7 +126,8 @@ class ReadAhead:
         self.position = position  # walk position of each manifest index
         self.config = config
         self._streams: list[_Stream] = []
-        self._last_start = -2  # walk position of the last file read from its start
+        self.sizes = dataset.manifest.sizes
+        self._last_read = -2  # walk position of the last file read from its start to its end
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing: list[_Stream] = []
@@ -122,13 +143,21 @@ class ReadAhead:
             return
         sequential = access.observe(offset, size)
         pos = int(self.position[index])
-        if offset == 0:
-            if pos == self._last_start + 1:
-                sequential = True  # the next file in walk order, from its start
-            self._last_start = pos
+        if offset == 0 and pos == self._last_read + 1:
+            sequential = True  # the next file in walk order, from its start
+        if access.origin == 0 and access.end >= int(self.sizes[index]):
+            self._last_read = pos  # read from its start to its end
         stream = self._stream_at(pos)
         if stream is not None:
             stream.used = time.monotonic()
+            if access.streak == 0 or pos > stream.target + NEXT:  # follows nothing: random access
+                stream.strays += 1
+                if stream.strays >= STRAYS:
+                    self._streams.remove(stream)
+                    self._closing.append(stream)
+                    self._wake.set()
+                return
+            stream.strays = 0
             if pos > stream.target:
                 stream.target = pos
                 stream.window = min(self.config.window_bytes, max(1, stream.window * self.config.ramp))
@@ -174,7 +203,11 @@ class ReadAhead:
             self.dataset, self.order[stream.target:stream.stop], window_bytes=max(1, stream.window),
             name=f"mount-readahead-{self.plans_made}"), "starting read-ahead")
         if plan is None:
-            self._streams.remove(stream)
+            if stream in self._streams:
+                self._streams.remove(stream)
+        elif stream not in self._streams:  # closed while its plan was being made (strays, or too many streams)
+            self.plans_made += 1
+            await self._quietly(plan.close(), "closing a read-ahead plan")
         else:
             stream.plan, stream.base, stream.planned, stream.advanced = plan, stream.target, stream.window, stream.target
             self.plans_made += 1

@@ -6,7 +6,8 @@ with the set of blocks known to be verified there. A read is served by
 ``pread`` when every block it touches is verified; reads of complete files
 (the usual, warm case) first try ``preadv(RWF_NOWAIT)`` on the event loop,
 which succeeds without blocking when the bytes are in the page cache, and go
-to a thread only when they are not. A block that is missing is first looked
+to a thread only when they are not; the FUSE handler's own reads of complete
+files land in a few reused buffers (no zeroing, no page faults per read). A block that is missing is first looked
 up again in the cache index (the prefetcher may just have verified it), then
 fetched alone, urgently, through the session (``Session.read_block``), and
 its verified bytes serve the read at once. The last few fetched blocks are
@@ -43,13 +44,15 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from stager.cache import CacheTier
-from stager.cache.fileio import pread_exact
+from stager.cache.fileio import pread_exact, readinto_exact
 from stager.cache.reader import BlockReads, CacheFile, FileIdentity, VerifiedReads
 from stager.errors import CacheError
 from stager.hashing import block_range
 from stager.session import DatasetHandle, Session
 
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+REUSED_BUFFER = 1 << 20  # the kernel's largest read request (FUSE max_pages 256)
+REUSED_BUFFERS = 16
 
 
 def _same_file(a: int, b: int) -> bool:
@@ -104,6 +107,7 @@ class CacheReader:
         self._recent: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._recent_max = recent_blocks
         self._nowait = bool(_RWF_NOWAIT)
+        self._buffers: list[bytearray] = []  # see _pread_reused
         self.checks = VerifiedReads(cache.config.verify_reads)
         self.reads = BlockReads(cache.complete_path, lambda: cache)  # the cache's probe and drop of bad bytes
 
@@ -181,8 +185,13 @@ class CacheReader:
 
     # -- reading --------------------------------------------------------------------------------
 
-    async def read(self, blob: OpenBlob, offset: int, size: int) -> bytes | bytearray | memoryview:
+    async def read(self, blob: OpenBlob, offset: int, size: int, *, replied_at_once: bool = False
+                   ) -> bytes | bytearray | memoryview:
         """Up to ``size`` bytes at ``offset`` (fewer at the end of the shard), all verified.
+
+        ``replied_at_once``: the caller hands what is returned to the kernel before the event loop runs
+        anything else (the FUSE handler's own task, which replies as soon as the read returns); a read of a
+        complete file may then come in a buffer that is used again for later reads.
 
         Raises:
             OriginError: a missing block could not be fetched within the retry budget.
@@ -194,6 +203,8 @@ class CacheReader:
         blob.busy += 1
         try:
             if blob.complete and self._checked(blob, offset, end):
+                if replied_at_once:
+                    return await self._pread_reused(blob.fds[-1], end - offset, offset)
                 return await self._pread(blob.fds[-1], end - offset, offset)
             return await self._read_blocks(blob, offset, end)
         finally:
@@ -278,6 +289,42 @@ class CacheReader:
         self._recent.move_to_end((digest, block))
         while len(self._recent) > self._recent_max:
             self._recent.popitem(last=False)
+
+    async def _pread_reused(self, fd: int, length: int, offset: int) -> memoryview:
+        """``_pread`` into one of the reused buffers, handed back to them once the reply is sent.
+
+        A fresh 1 MiB buffer per read costs its zeroing and a page fault per 4 KiB on top of the copy
+        itself: 12 to 15% of the mount process's CPU (perf) when the page cache was dropped and every
+        read comes to the mount.
+        """
+        buf = self._buffers.pop() if self._buffers else bytearray(REUSED_BUFFER)
+        if len(buf) < length:
+            buf = bytearray(length)
+        view = memoryview(buf)[:length]
+        try:
+            done = 0
+            if self._nowait:
+                try:
+                    done = os.preadv(fd, [view], offset, _RWF_NOWAIT)
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise CacheError(f"reading the cache: {exc.strerror}") from exc
+                    self._nowait = False
+            if done < length:
+                await asyncio.get_running_loop().run_in_executor(self._executor, readinto_exact, fd,
+                                                                 view[done:], offset + done)
+        except BaseException:
+            self._give_back(buf)
+            raise
+        # The caller replies before the loop runs this: the buffer is free again after the reply.
+        asyncio.get_running_loop().call_soon(self._give_back, buf)
+        return view
+
+    def _give_back(self, buf: bytearray) -> None:
+        if len(buf) == REUSED_BUFFER and len(self._buffers) < REUSED_BUFFERS:
+            self._buffers.append(buf)
 
     async def _pread(self, fd: int, length: int, offset: int) -> bytes | bytearray:
         if self._nowait:

@@ -28,7 +28,7 @@ from stager.manifest import Manifest, ShardEntry, save_manifest
 from stager.store import open_store
 from stager.loopback.fault_plan import FaultPlan
 
-from .dataset import BLOCK, make_dataset
+from .dataset import BLOCK, index, make_dataset
 from .mounts import STAGER, alive, wait_until
 
 FAULTS = {"latency_s": 0.002, "slowdown_p": 0.06, "error500_p": 0.05, "reset_p": 0.05, "truncate_p": 0.05,
@@ -229,6 +229,40 @@ def test_a_random_read_fetches_its_block_alone_and_sequential_reads_stage_ahead(
     assert (mount.path / "train/shard-002.bin").read_bytes() == files["train/shard-002.bin"]
 
 
+def test_cold_random_reads_fetch_at_most_twice_the_bytes_they_read(http_origin, fault_proxy, mount_factory):
+    """fio's random reads round-robin over the files: by chance, the first bytes of files in walk order and
+    adjacent reads of one file. Counted at the proxy in front of the
+    origin, the mount fetches only about the blocks read, not the files after them."""
+    root = http_origin.root / "random"
+    rng = random.Random(5)
+    blocks = 32
+    files = {f"part/{i:02d}.bin": rng.randbytes(blocks * BLOCK) for i in range(8)}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    index(root)
+    proxy = fault_proxy(http_origin, FaultPlan(), seed=3)
+    mount = mount_factory(f"{proxy.url}/random")
+    names = sorted(files)
+    reads = [(i % len(names), rng.randrange(blocks)) for i in range(64)]
+    reads[0], reads[1] = (0, 0), (1, 0)  # the starts of two files in walk order
+    reads[16], reads[24] = (0, 5), (0, 6)  # two adjacent reads of one file (three would be a walk)
+    fds = [os.open(mount.path / name, os.O_RDONLY) for name in names]
+    try:
+        for fd in fds:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # as fio does: no kernel read-ahead
+        before = proxy.bytes_forwarded
+        for f, block in reads:
+            assert os.pread(fds[f], BLOCK, block * BLOCK) == files[names[f]][block * BLOCK:(block + 1) * BLOCK]
+    finally:
+        for fd in fds:
+            os.close(fd)
+    time.sleep(1.0)  # what the mount still fetches because of those reads counts too
+    fetched = proxy.bytes_forwarded - before
+    read = len(reads) * BLOCK
+    assert fetched <= 2 * read, f"fetched {fetched} bytes for {read} read ({fetched / read:.1f}x)"
+
+
 def test_an_origin_that_stays_down_gives_eio_in_bounded_time_then_recovers(origin, mount_factory):
     files, _, proxy, url = origin
     mount = mount_factory(url, "--retry-deadline", "2")
@@ -412,3 +446,45 @@ def test_a_byte_flipped_in_a_staged_blob_on_disk_is_never_served(http_origin, mo
         assert (mount.path / other).read_bytes() == files[other]
     with CacheTier(CacheConfig(mount.cache, capacity=1 << 30), reconcile=False) as cache:
         assert not cache.verify(repair=False).bad  # the bad copy was dropped: what the cache holds now is good
+
+
+def test_concurrent_reads_of_staged_files_outside_the_page_cache_never_mix_bytes(http_origin, mount_factory):
+    """Reads of complete files share a few reused buffers in the mount: many readers at once, each dropping
+    the page cache of its file and of its cache file before every pass (so every read reaches the mount, and
+    most wait for the disk on a thread), get their own file's bytes, every time."""
+    rng = random.Random(9)
+    files = {f"staged/{i:02d}.bin": rng.randbytes(rng.randrange(3 * BLOCK, 40 * BLOCK)) for i in range(12)}
+    root = http_origin.root / "staged-set"
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    manifest = index(root)
+    url = f"{http_origin.url}/staged-set"
+    mount = mount_factory(url, start=False)
+    staged = subprocess.run([*STAGER, "stage", url, "--cache", str(mount.cache), "--capacity", "1GB"],
+                            capture_output=True, text=True, timeout=120)
+    assert staged.returncode == 0, staged.stderr
+    mount.start()
+    with CacheTier(CacheConfig(mount.cache, capacity=1 << 30), reconcile=False) as cache:
+        blobs = {name: cache.complete_path(manifest.digest(manifest.index_of(name))) for name in files}
+
+    def reader(name: str) -> int:
+        passes = 0
+        fd = os.open(mount.path / name, os.O_RDONLY)
+        blob = os.open(blobs[name], os.O_RDONLY)
+        try:
+            for _ in range(4):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the mount's page cache of this file...
+                os.posix_fadvise(blob, 0, 0, os.POSIX_FADV_DONTNEED)  # ... and its cache file's: reads wait
+                got = bytearray()
+                while chunk := os.pread(fd, 1 << 20, len(got)):
+                    got += chunk
+                assert got == files[name], f"{name}: other bytes on pass {passes}"
+                passes += 1
+        finally:
+            os.close(fd)
+            os.close(blob)
+        return passes
+
+    with ThreadPoolExecutor(len(files)) as pool:
+        assert sum(pool.map(reader, sorted(files), timeout=120)) == 4 * len(files)
