@@ -15,7 +15,7 @@ Measurements:
   (loopback, near, far, throttled): wall seconds, and stager's own account.
 * ``mount``: ``stager mount`` (an engine in the mount's process) of 16 files
   of 16 MiB: the cold first byte (open + 4 KiB read) of 8 files never read,
-  in reverse order, then one sequential pass over 6 others (MB/s).
+  in reverse order, then one sequential pass over the 8 others (MB/s).
 
 Printed: each tree's medians, and the per-round ratio before/after (above 1
 where the second tree did better), with the load average of each round.
@@ -86,7 +86,7 @@ def mount_round(tree: Path, work: Path, env: dict[str, str], server: S3Server, n
                 os.close(fd)
             latencies.append(time.perf_counter() - began)
         began, nbytes = time.perf_counter(), 0
-        for name in names[:6]:
+        for name in names[:8]:
             with open(point / name, "rb", buffering=0) as f:
                 while chunk := f.read(MiB):
                     nbytes += len(chunk)
