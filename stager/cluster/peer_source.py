@@ -5,8 +5,11 @@ current ring (``placement.py``): a node that does not own the blob asks its
 parent in the blob's spreading tree (``relay``), then that one's parent, and
 so on, the owner last (``fetch``: it fetches from the origin once for
 everyone); the owner itself first asks the two nodes ranked after it, which
-owned the blob before a member joined (``hold``: only what they have). The
+owned the blob before a member joined or are its children (``hold``: only
+what they have, as much of the range as they hold from its start). The
 origin is always the last source, so a read never fails because a peer did.
+Siblings in a blob's tree fetch it staggered (:meth:`ClusterSources.first_block`):
+the first copies of all its blocks leave their parent before second copies.
 
 Every block a peer sends goes through the engine's sink, which verifies it
 against the manifest. A peer that is down or refuses is marked down
@@ -73,7 +76,8 @@ class PeerSource(BlobSource):
             self._cluster.failed(self.peer, exc)
             raise
         self._cluster.stats.bytes_from_peers += received
-        self._cluster.stats.blocks_from_peers += len(range(start // ref.block_size, -(-end // ref.block_size)))
+        self._cluster.stats.blocks_from_peers += len(range(start // ref.block_size,
+                                                           -(-min(end, start + received) // ref.block_size)))
 
     async def read(self, ref: BlobRef, start: int, end: int, *, check: Check | None = None) -> bytes:
         try:
@@ -136,6 +140,24 @@ class ClusterSources:
             if chain:
                 sources.append(PeerSource(chain[-1], "fetch", self))
         return (*sources, self._origin)
+
+    def first_block(self, ref: BlobRef, span_blocks: int) -> int:
+        """Where this node's whole-blob fetch of ``ref`` starts, in each request of ``span_blocks`` blocks.
+
+        The owner reads in order. The ``fanout`` children of one node in the blob's tree start a
+        ``1/fanout`` of a request apart (the ``k``-th child at ``k * span_blocks // fanout``): their
+        requests to the parent run side by side, each in order, so at any moment they carry different
+        blocks, and the first copy of every block has left the parent when a ``1/fanout`` of its sends
+        are done. A parent that dies then leaves little that it alone held (its children hold the rest
+        between them, and a new owner asks them first, ``hold`` taking what they hold of a range).
+        """
+        ring = self.ring()
+        order = ring.ranking(ref.digest)
+        me = self.membership.me
+        if len(order) <= 1 or me not in order or order[0] == me:
+            return 0
+        sibling = (order.index(me) - 1) % self.fanout
+        return sibling * span_blocks // self.fanout
 
     def failed(self, peer: str, exc: PeerError) -> None:
         """Count a failed request and keep away from the peer as its failure deserves."""
