@@ -39,7 +39,7 @@ from ..store.base import run_check
 from .identity import ClusterIdentities
 from .membership import Membership
 from .peer_client import PeerClient
-from .placement import DEFAULT_FANOUT, PeerRing
+from .placement import DEFAULT_FANOUT, PeerRing, first_block_in
 from .request import PeerRequest
 from .stats import ClusterStats
 
@@ -151,13 +151,7 @@ class ClusterSources:
         are done. A parent that dies then leaves little that it alone held (its children hold the rest
         between them, and a new owner asks them first, ``hold`` taking what they hold of a range).
         """
-        ring = self.ring()
-        order = ring.ranking(ref.digest)
-        me = self.membership.me
-        if len(order) <= 1 or me not in order or order[0] == me:
-            return 0
-        sibling = (order.index(me) - 1) % self.fanout
-        return sibling * span_blocks // self.fanout
+        return first_block_in(self.ring().ranking(ref.digest), self.membership.me, self.fanout, span_blocks)
 
     def failed(self, peer: str, exc: PeerError) -> None:
         """Count a failed request and keep away from the peer as its failure deserves."""
