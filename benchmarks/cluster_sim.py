@@ -2,7 +2,7 @@
 
 What is real: who owns each blob, whom each node asks and whom it sends to
 (``stager.cluster.placement``: rendezvous ranking of the live members, the
-per-blob spreading tree, each sibling's staggered start ``first_block_in``),
+per-blob spreading tree, the staggered start of each node ``first_block_in``),
 re-computed over the live members when nodes die.
 What is modelled (a discrete-event simulation, no sockets), as the real
 nodes behave: every node wants every blob of the window at once; a node that
@@ -35,8 +35,8 @@ sending it), and repeats each N over ``--seeds`` draws of digests and
 victims (which node dies, and what it owned, decides most of it at small N).
 
 ``--order`` runs the real code as it is (``staggered``), every node asking
-for each blob in block order (``in-order``: the code before siblings were
-staggered), or both on the same draws (the default).
+for each blob in block order (``in-order``: the code before the owner's
+children were staggered), or both on the same draws (the default).
 
 Prints, per order and N: origin bytes / window bytes (mean and worst over
 the seeds), the blocks only a dead node held (per window, mean), the most
@@ -105,7 +105,7 @@ class _Node:
 
 class Simulation:
     """The real nodes' pull model (see the module doc): ``staggered`` as the code is, or every node in
-    block order (``staggered=False``, the code before siblings were staggered)."""
+    block order (``staggered=False``, the code before the owner's children were staggered)."""
 
     def __init__(self, n: int, *, blobs: int, blocks: int, block_bytes: int, span_blocks: int, link: float,
                  origin: float, peer_latency: float, origin_latency: float, die: float, fanout: int, seed: int,
@@ -367,7 +367,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10, help="runs per N (digests and victims drawn anew)")
     parser.add_argument("--order", choices=("staggered", "in-order", "both"), default="both",
                         help="staggered: the code as it is; in-order: every node asks for a blob in block order "
-                             "(the code before siblings were staggered); both: each, on the same draws")
+                             "(the code before the owner's children were staggered); both: each, on the same draws")
     args = parser.parse_args()
     blocks = max(1, args.blob_mib // args.block_mib)
     span_blocks = max(1, args.request_mib // args.block_mib)

@@ -8,8 +8,8 @@ everyone); the owner itself first asks the two nodes ranked after it, which
 owned the blob before a member joined or are its children (``hold``: only
 what they have, as much of the range as they hold from its start). The
 origin is always the last source, so a read never fails because a peer did.
-Siblings in a blob's tree fetch it staggered (:meth:`ClusterSources.first_block`):
-the first copies of all its blocks leave their parent before second copies.
+The owner's children fetch a blob staggered (:meth:`ClusterSources.first_block`):
+the first copies of its blocks leave the owner before most second copies.
 
 Every block a peer sends goes through the engine's sink, which verifies it
 against the manifest. A peer that is down or refuses is marked down
@@ -142,14 +142,16 @@ class ClusterSources:
         return (*sources, self._origin)
 
     def first_block(self, ref: BlobRef, span_blocks: int) -> int:
-        """Where this node's whole-blob fetch of ``ref`` starts, in each request of ``span_blocks`` blocks.
+        """Where this node's whole-blob fetch of ``ref`` starts, in each request of ``span_blocks`` blocks
+        (``placement.first_block_in``).
 
-        The owner reads in order. The ``fanout`` children of one node in the blob's tree start a
-        ``1/fanout`` of a request apart (the ``k``-th child at ``k * span_blocks // fanout``): their
-        requests to the parent run side by side, each in order, so at any moment they carry different
-        blocks, and the first copy of every block has left the parent when a ``1/fanout`` of its sends
-        are done. A parent that dies then leaves little that it alone held (its children hold the rest
-        between them, and a new owner asks them first, ``hold`` taking what they hold of a range).
+        The owner reads in order. Its ``fanout`` children start a ``1/fanout`` of a request apart (the
+        ``k``-th at ``k * span_blocks // fanout``): their requests to the owner run side by side, each in
+        order, so at any moment they carry different blocks, and the first copy of every block of a request
+        has left the owner when a ``1/fanout`` of its sends are done. An owner that dies then leaves little
+        that it alone held (its children hold the rest between them, and the new owner asks them first,
+        ``hold`` taking what they hold of a range). Deeper nodes start as their ancestor among the owner's
+        children does, so they take blocks in the order their parent receives them.
         """
         return first_block_in(self.ring().ranking(ref.digest), self.membership.me, self.fanout, span_blocks)
 

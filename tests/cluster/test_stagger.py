@@ -1,5 +1,6 @@
-"""Siblings in a blob's spreading tree take its blocks in staggered orders: an owner that dies leaves little
-that only it held, so its successors read little of its share from the origin again (real daemons)."""
+"""The owner's children in a blob's spreading tree take its blocks in staggered orders: an owner that dies
+leaves little that only it held, so its successors read little of its share from the origin again (real
+daemons)."""
 
 from __future__ import annotations
 
