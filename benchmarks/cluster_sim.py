@@ -2,39 +2,46 @@
 
 What is real: who owns each blob, whom each node asks and whom it sends to
 (``stager.cluster.placement``: rendezvous ranking of the live members, the
-per-blob spreading tree), re-computed over the live members when nodes die.
-What is modelled (a discrete-event simulation, no sockets): every node needs
-every blob of the window; blocks move whole; each node's uplink is one FIFO
-link of ``--link`` bytes/s (plus a small latency per block), the origin one
-FIFO link of ``--origin`` bytes/s shared by the whole cluster (plus its
-latency per request). A node forwards a block to its children in a blob's
-tree as soon as it holds it (so a blob streams down the tree, pipelined). At
-the middle of the window (half of all deliveries done) ``--die`` of the nodes
-(at least one) die: whatever they were sending is lost, and so are their
-requests to the origin that it had not started sending. The survivors rank
-the live members again and ask for what they lack as the real nodes do
-(``stager.cluster.peer_source``, and the engine naming a blob's sources
-again after one fails): a node keeps the blocks it holds and asks its new
-parent for the rest; a new owner asks the nodes ranked after it
-(``SUCCESSORS``) for blocks they hold, and the origin only for blocks neither
-holds. Blocks are modelled whole, where a real owner asks its successors for
-a whole request (a run of blocks) at once, so the model is if anything kind.
+per-blob spreading tree, the staggered start of each node ``first_block_in``),
+re-computed over the live members when nodes die.
+What is modelled (a discrete-event simulation, no sockets), as the real
+nodes behave: every node wants every blob of the window at once; a node that
+does not own a blob asks its parent in requests of ``--request-mib`` (the
+engine's spans), all at once, laid from its staggered start, the blocks
+before that start asked last, once the rest are in (as the engine's job does;
+a parent asked for a block it left for last asks for it at once, as its
+engine's explicit want would); the owner asks the origin, block by block
+across the window. A parent answers each request in block order as it holds
+the blocks, and its uplink (``--link`` bytes/s, plus a small latency per
+block) is shared equally by the requests it is answering: in rounds, each
+request with its next block at hand moves one block, all ending together (TCP
+sharing one link, at block grain). The origin is one FIFO link of
+``--origin`` bytes/s shared by the whole cluster (plus its latency per
+request). At the middle of the window (half of all deliveries done)
+``--die`` of the nodes (at least one) die: whatever they were sending is
+lost, and so are their requests to the origin that it had not started
+sending. The survivors rank the live members again and ask for the rest of
+every request that was cut, as the engine names a span's sources again: a
+non-owner its new parent; a new owner the nodes ranked after it
+(``SUCCESSORS``), each for the run it holds from the start of what is left
+(``hold``), and the origin for the rest. (The holdings are read when the
+owner asks, where a real owner asks the second successor after the first has
+answered: if anything kind.)
 
 Origin bytes above one window are then what died with the dead nodes: blocks
 they had fetched and not yet sent to anyone. The script counts those too
 (``lost``: blocks only a dead node held when it died, or that the origin was
-sending it), and repeats each N
-over ``--seeds`` draws of digests and victims (which node dies, and what it
-owned, decides most of it at small N).
+sending it), and repeats each N over ``--seeds`` draws of digests and
+victims (which node dies, and what it owned, decides most of it at small N).
 
-``--first-copies-first`` is a what-if, not the real code: each node's
-uplink becomes a queue in which the first copy of a block goes out before
-any later one, so that fewer blocks live on their owner alone when it dies.
+``--order`` runs the real code as it is (``staggered``), every node asking
+for each blob in block order (``in-order``: the code before the owner's
+children were staggered), or both on the same draws (the default).
 
-Prints, per N: origin bytes / window bytes (mean and worst over the seeds),
-the blocks only a dead node held (per window, mean), the most blocks any node
-sent of one blob (in blobs), the time until every live node holds the window,
-and that time divided by log2(N).
+Prints, per order and N: origin bytes / window bytes (mean and worst over
+the seeds), the blocks only a dead node held (per window, mean), the most
+blocks any node sent of one blob (in blobs), the time until every live node
+holds the window, and that time divided by log2(N).
 
     .venv/bin/python benchmarks/cluster_sim.py --nodes 10 100 1000 --seeds 10
 """
@@ -48,13 +55,14 @@ import random
 import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stager.cluster.peer_source import SUCCESSORS  # noqa: E402
-from stager.cluster.placement import DEFAULT_FANOUT, children_in, ranked, upstream_in  # noqa: E402
+from stager.cluster.placement import DEFAULT_FANOUT, first_block_in, ranked, upstream_in  # noqa: E402
 
 
 @dataclass
@@ -69,32 +77,52 @@ class Result:
     wall: float
 
 
+class _Stream:
+    """One request from ``receiver`` to ``sender`` for blocks of one blob, sent in order (``hold``: a fixed
+    run the sender holds)."""
+
+    __slots__ = ("sender", "receiver", "blob", "blocks", "inflight", "left")
+
+    def __init__(self, sender: str, receiver: str, blob: int, blocks: list[int]) -> None:
+        self.sender, self.receiver, self.blob = sender, receiver, blob
+        self.blocks = deque(blocks)
+        self.inflight: set[int] = set()  # blocks sent, not yet arrived
+        self.left = len(blocks)  # blocks not yet arrived
+
+
 @dataclass
 class _Node:
     name: str
     alive: bool = True
-    uplink_free: float = 0.0
     have: list[set[int]] = field(default_factory=list)  # per blob: blocks held
     pending: list[set[int]] = field(default_factory=list)  # per blob: blocks on their way here
-    sent: list[int] = field(default_factory=list)  # per blob: blocks sent to children
-    queue: list[tuple] = field(default_factory=list)  # --first-copies-first: sends waiting for the uplink
-    busy: bool = False  # --first-copies-first: the uplink is sending
-    forwarded: set[tuple[int, int]] = field(default_factory=set)  # --first-copies-first: (blob, block) sent once
+    head: list[list[int]] = field(default_factory=list)  # per blob: staggered head, asked once the rest is in
+    inbound: list[int] = field(default_factory=list)  # per blob: requests of this node still open
+    sent: list[int] = field(default_factory=list)  # per blob: blocks sent
+    out: list[_Stream] = field(default_factory=list)  # requests this node answers
+    busy: bool = False  # the uplink is sending a round
 
 
 class Simulation:
-    def __init__(self, n: int, *, blobs: int, blocks: int, block_bytes: int, link: float, origin: float,
-                 peer_latency: float, origin_latency: float, die: float, fanout: int, seed: int,
-                 first_copies_first: bool = False) -> None:
-        self.first_copies_first = first_copies_first
+    """The real nodes' pull model (see the module doc): ``staggered`` as the code is, or every node in
+    block order (``staggered=False``, the code before the owner's children were staggered)."""
+
+    def __init__(self, n: int, *, blobs: int, blocks: int, block_bytes: int, span_blocks: int, link: float,
+                 origin: float, peer_latency: float, origin_latency: float, die: float, fanout: int, seed: int,
+                 per_peer: int = 8, staggered: bool = True) -> None:
+        self.staggered = staggered
+        self.per_peer = per_peer
+        self.open: dict[tuple[str, str], int] = {}  # (receiver, sender): requests being answered
+        self.queued: dict[tuple[str, str], deque[_Stream]] = {}  # (receiver, sender): waiting for a connection
         self.rng = random.Random(seed)
-        self.blocks, self.block_bytes = blocks, block_bytes
+        self.blocks, self.block_bytes, self.span_blocks = blocks, block_bytes, min(span_blocks, blocks)
         self.link, self.origin, self.fanout = link, origin, fanout
         self.peer_latency, self.origin_latency = peer_latency, origin_latency
         self.digests = [f"{self.rng.getrandbits(128):032x}" for _ in range(blobs)]
-        self.nodes = {f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:7070": None for i in range(n)}
+        names = [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:7070" for i in range(n)]
         self.node = {name: _Node(name, have=[set() for _ in range(blobs)], pending=[set() for _ in range(blobs)],
-                                 sent=[0] * blobs) for name in self.nodes}
+                                 head=[[] for _ in range(blobs)], inbound=[0] * blobs, sent=[0] * blobs)
+                     for name in names}
         self.to_kill = max(1, round(n * die)) if die > 0 and n > 1 else 0
         self.events: list[tuple[float, int, str, tuple]] = []
         self.seq = 0
@@ -115,99 +143,167 @@ class Simulation:
         self.seq += 1
         heapq.heappush(self.events, (at, self.seq, kind, data))
 
-    def _from_origin(self, now: float, owner: str, blob: int, block: int) -> None:
-        node = self.node[owner]
-        if block in node.have[blob] or block in node.pending[blob]:
-            return
-        node.pending[blob].add(block)
-        start = max(now, self.origin_free)
-        self.origin_free = start + self.block_bytes / self.origin
-        self._push(start, "origin", ("origin", owner, blob, block))  # counted when the origin starts sending
+    # -- asking ------------------------------------------------------------------------------
 
-    def _send(self, now: float, sender: str, to: str, blob: int, block: int) -> None:
-        src, dst = self.node[sender], self.node[to]
-        if not dst.alive or block in dst.have[blob] or block in dst.pending[blob]:
-            return
-        dst.pending[blob].add(block)
-        if self.first_copies_first:  # a what-if, not the real code: each block's first copy jumps the queue
-            first = (blob, block) not in src.forwarded
-            src.forwarded.add((blob, block))
-            self.seq += 1
-            heapq.heappush(src.queue, (0 if first else 1, self.seq, to, blob, block))
-            if not src.busy:
-                self._next_send(now, sender)
-            return
-        src.sent[blob] += 1
-        start = max(now, src.uplink_free)
-        src.uplink_free = start + self.block_bytes / self.link
-        self._push(src.uplink_free + self.peer_latency, "arrive", (sender, to, blob, block))
-
-    def _next_send(self, now: float, sender: str) -> None:
-        """--first-copies-first: the sender's uplink starts its next send (first copies before the rest)."""
-        src = self.node[sender]
-        src.busy = False
-        while src.queue:
-            _, _, to, blob, block = heapq.heappop(src.queue)
-            if self.node[to].alive and block not in self.node[to].have[blob]:
-                src.busy = True
-                src.sent[blob] += 1
-                self._push(now + self.block_bytes / self.link, "sent", (sender, to, blob, block))
-                return
-
-    def _ask(self, now: float, name: str, blob: int) -> None:
-        """``name`` asks for what it lacks of ``blob``: its parent; or, if it owns the blob, the members ranked
-        after it (what they hold) and then the origin."""
+    def _start(self, name: str, blob: int) -> None:
+        """``name`` wants the whole blob: the owner from the origin, the others from their parent, in
+        requests of ``span_blocks`` laid from the node's staggered start, the blocks before it last."""
+        order = self.order[blob]
+        first = first_block_in(order, name, self.fanout, self.span_blocks) if self.staggered else 0
         node = self.node[name]
-        chain = upstream_in(self.order[blob], name, self.fanout)
-        successors = [] if chain else self.order[blob][1:1 + SUCCESSORS]
-        for block in range(self.blocks):
-            if block in node.have[blob] or block in node.pending[blob]:
+        node.head[blob] = list(range(first))
+        for at in range(first, self.blocks, self.span_blocks):
+            self._ask(name, blob, list(range(at, min(at + self.span_blocks, self.blocks))))
+
+    def _ask(self, name: str, blob: int, blocks: list[int], now: float = 0.0) -> None:
+        """``name`` asks for ``blocks`` of ``blob`` as its engine would name the sources now."""
+        node = self.node[name]
+        blocks = [b for b in blocks if b not in node.have[blob] and b not in node.pending[blob]]
+        if not blocks:
+            return
+        order = self.order[blob]
+        chain = upstream_in(order, name, self.fanout)
+        if chain:  # relay (or fetch) from the parent: it sends each block once it holds it
+            self._open(now, chain[0], name, blob, blocks)
+            return
+        for successor in order[1:1 + SUCCESSORS]:  # the owner: what the nodes ranked after it hold, from the start
+            held = self.node[successor].have[blob]
+            run = 0
+            while run < len(blocks) and blocks[run] in held:
+                run += 1
+            if run:
+                self._open(now, successor, name, blob, blocks[:run])
+                blocks = blocks[run:]
+            if not blocks:
+                return
+        for block in blocks:  # then the origin
+            node.pending[blob].add(block)
+            start = max(now, self.origin_free)
+            self.origin_free = start + self.block_bytes / self.origin
+            self._push(start, "origin", (name, blob, block))  # counted when the origin starts sending
+
+    def _open(self, now: float, sender: str, receiver: str, blob: int, blocks: list[int]) -> None:
+        """A request, on one of the receiver's ``per_peer`` connections to the sender, or queued for one
+        (in the order asked, as the client's connection pool queues them)."""
+        stream = _Stream(sender, receiver, blob, blocks)
+        self.node[receiver].inbound[blob] += 1
+        key = (receiver, sender)
+        if self.open.get(key, 0) >= self.per_peer:
+            self.queued.setdefault(key, deque()).append(stream)
+            return
+        self.open[key] = self.open.get(key, 0) + 1
+        self.node[sender].out.append(stream)
+        self._wake(now, sender)
+
+    def _stream_done(self, now: float, stream: _Stream) -> None:
+        receiver, blob = stream.receiver, stream.blob
+        key = (receiver, stream.sender)
+        self.open[key] -= 1
+        waiting = self.queued.get(key)
+        if waiting:  # the connection takes the next request
+            self.open[key] += 1
+            self.node[stream.sender].out.append(waiting.popleft())
+            self._wake(now, stream.sender)
+        node = self.node[receiver]
+        node.inbound[blob] -= 1
+        if node.inbound[blob] == 0 and node.head[blob]:  # the rest is in: now the staggered head
+            head, node.head[blob] = node.head[blob], []
+            self._ask(receiver, blob, head, now=now)
+
+    # -- sending: each uplink shares itself among the requests it answers, block by block ----------
+
+    def _wake(self, now: float, name: str) -> None:
+        node = self.node[name]
+        if node.busy or not node.alive:
+            return
+        batch = []
+        keep = []
+        for stream in node.out:
+            to = self.node[stream.receiver]
+            if not to.alive:
                 continue
-            if not chain:
-                holder = next((s for s in successors if block in self.node[s].have[blob]), None)
-                if holder is not None:
-                    self._send(now, holder, name, blob, block)
-                else:
-                    self._from_origin(now, name, blob, block)
-            elif block in self.node[chain[0]].have[blob]:
-                self._send(now, chain[0], name, blob, block)
-            # else: the parent forwards it when it arrives there
+            keep.append(stream)
+            if not stream.blocks:
+                continue
+            block = stream.blocks[0]
+            if block in node.have[stream.blob]:
+                batch.append(stream)
+            elif block in node.head[stream.blob]:  # a peer waits for a block this node left for last:
+                node.head[stream.blob].remove(block)  # it asks for that one now (the engine's explicit want)
+                self._ask(name, stream.blob, [block], now=now)
+        node.out = keep
+        if not batch:
+            return
+        node.busy = True
+        sends = []
+        for stream in batch:
+            block = stream.blocks.popleft()
+            stream.inflight.add(block)
+            self.node[stream.receiver].pending[stream.blob].add(block)
+            node.sent[stream.blob] += 1
+            sends.append((stream, block))
+        # every request in the round moves one block at an equal share of the link: all end together
+        self._push(now + len(batch) * self.block_bytes / self.link, "round", (name, sends))
+
+    def _round(self, now: float, name: str, sends: list) -> None:
+        node = self.node[name]
+        node.busy = False
+        if not node.alive:
+            return
+        for stream, block in sends:
+            self._push(now + self.peer_latency, "arrive", (name, stream, block))
+        self._wake(now, name)
+
+    # -- the run ---------------------------------------------------------------------------------
 
     def run(self) -> Result:
         began = time.perf_counter()
-        for block in range(self.blocks):  # the owners start, block by block across the window
+        for blob in range(len(self.digests)):  # every node wants the window; the owners ask the origin
+            for name in self.node:
+                if self.order[blob][0] != name:
+                    self._start(name, blob)
+        for block in range(self.blocks):  # the owners' origin requests, block by block across the window
             for blob in range(len(self.digests)):
-                self._from_origin(0.0, self.order[blob][0], blob, block)
+                self._ask(self.order[blob][0], blob, [block])
         steps = 0
         while self.events:
             now, _, kind, data = heapq.heappop(self.events)
             steps += 1
-            sender, to, blob, block = data
-            dst = self.node[to]
-            if kind == "sent":  # --first-copies-first: a send left the uplink; the next one starts
-                self._push(now + self.peer_latency, "arrive", data)
-                if self.node[sender].alive:
-                    self._next_send(now, sender)
+            if kind == "round":
+                self._round(now, *data)
                 continue
             if kind == "origin":  # the origin starts sending a block, unless its asker died meanwhile
-                if dst.alive:
+                to, blob, block = data
+                if self.node[to].alive:
                     self.origin_blocks += 1
-                    self._push(now + self.block_bytes / self.origin + self.origin_latency, "arrive", data)
+                    self._push(now + self.block_bytes / self.origin + self.origin_latency, "arrive",
+                               ("origin", None, (to, blob, block)))
                 else:
-                    dst.pending[blob].discard(block)
+                    self.node[to].pending[blob].discard(block)
                 continue
+            sender, stream, block = data
+            if stream is None:
+                to, blob, block = block
+            else:
+                to, blob = stream.receiver, stream.blob
+            dst = self.node[to]
+            if stream is not None:
+                if not self.node[sender].alive:
+                    continue  # lost with its sender (the survivors asked again when it died)
+                stream.inflight.discard(block)
+                stream.left -= 1
             dst.pending[blob].discard(block)
-            if not dst.alive and sender == "origin":
-                self.lost += 1  # the origin sent it to a node that died on the way
-            if not dst.alive or (sender != "origin" and not self.node[sender].alive) or block in dst.have[blob]:
-                if dst.alive and block not in dst.have[blob]:
-                    self._ask(now, to, blob)  # lost with its sender
+            if not dst.alive:
+                if sender == "origin":
+                    self.lost += 1  # the origin sent it to a node that died on the way
                 continue
-            dst.have[blob].add(block)
-            self.delivered += 1
-            self.done_at = max(self.done_at, now)
-            for child in children_in(self.order[blob], to, self.fanout):
-                self._send(now, to, child, blob, block)
+            if block not in dst.have[blob]:
+                dst.have[blob].add(block)
+                self.delivered += 1
+                self.done_at = max(self.done_at, now)
+            if stream is not None and not stream.left:
+                self._stream_done(now, stream)
+            self._wake(now, to)
             if self.to_kill and self.delivered >= self.needed // 2:
                 self._kill(now)
         live = [n for n in self.node.values() if n.alive]
@@ -222,19 +318,33 @@ class Simulation:
         self.to_kill = 0
         for name in victims:
             self.node[name].alive = False
-            for _, _, to, blob, block in self.node[name].queue:  # --first-copies-first: never sent
-                self.node[to].pending[blob].discard(block)
-            self.node[name].queue.clear()
         self.died = len(victims)
         survivors = [n for n in self.node.values() if n.alive]
         self.lost += sum(1 for v in victims for blob, held in enumerate(self.node[v].have) for block in held
                         if not any(block in s.have[blob] for s in survivors))
         self.needed -= sum(len(h) for v in victims for h in self.node[v].have)
         self._rank()  # the survivors' view once health checks found them gone
-        for name, node in self.node.items():
-            if node.alive:
-                for blob in range(len(self.digests)):
-                    self._ask(now, name, blob)
+        for v in victims:  # what each survivor still wanted of a request to a dead node, asked again
+            cut = list(self.node[v].out)
+            for key in [k for k in self.queued if k[1] == v]:
+                cut += self.queued.pop(key)
+            for key in [k for k in self.open if k[1] == v]:
+                del self.open[key]
+            for stream in cut:
+                to = self.node[stream.receiver]
+                if not to.alive:
+                    continue
+                for block in stream.inflight:  # the blocks in the dead node's round are lost
+                    to.pending[stream.blob].discard(block)
+                rest = sorted(stream.inflight) + list(stream.blocks)
+                to.inbound[stream.blob] -= 1
+                # the engine names the span's sources again: the new parent, or (a new owner) the nodes
+                # ranked after it and then the origin
+                self._ask(stream.receiver, stream.blob, rest, now=now)
+                if to.inbound[stream.blob] == 0 and to.head[stream.blob]:
+                    head, to.head[stream.blob] = to.head[stream.blob], []
+                    self._ask(stream.receiver, stream.blob, head, now=now)
+            self.node[v].out = []
 
 
 def main() -> None:
@@ -242,41 +352,48 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--blobs", type=int, default=16, help="blobs in the shuffle window")
     parser.add_argument("--blob-mib", type=int, default=64)
-    parser.add_argument("--block-mib", type=int, default=8)
+    parser.add_argument("--block-mib", type=int, default=1, help="the manifest's block (stager's default: 1 MiB)")
+    parser.add_argument("--request-mib", type=int, default=8,
+                        help="the most one request asks for (stager's request_bytes: 8 MiB)")
     parser.add_argument("--link", type=float, default=1.25e9, help="each node's uplink, bytes/s (10 Gb/s)")
     parser.add_argument("--origin", type=float, default=2.5e9, help="the origin's total egress, bytes/s")
     parser.add_argument("--peer-latency", type=float, default=0.0002)
     parser.add_argument("--origin-latency", type=float, default=0.02)
     parser.add_argument("--die", type=float, default=0.01, help="share of the nodes that die mid-window")
     parser.add_argument("--fanout", type=int, default=DEFAULT_FANOUT)
+    parser.add_argument("--per-peer", type=int, default=8,
+                        help="requests one node has open to one peer at once (stager's default: 8 connections to each peer)")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--seeds", type=int, default=10, help="runs per N (digests and victims drawn anew)")
-    parser.add_argument("--first-copies-first", action="store_true",
-                        help="a what-if, NOT the real code: each node's uplink sends the first copy of each block "
-                             "before any later copy, so that fewer blocks live on their owner alone")
+    parser.add_argument("--order", choices=("staggered", "in-order", "both"), default="both",
+                        help="staggered: the code as it is; in-order: every node asks for a blob in block order "
+                             "(the code before the owner's children were staggered); both: each, on the same draws")
     args = parser.parse_args()
     blocks = max(1, args.blob_mib // args.block_mib)
+    span_blocks = max(1, args.request_mib // args.block_mib)
     window = args.blobs * blocks * args.block_mib << 20
+    orders = ["in-order", "staggered"] if args.order == "both" else [args.order]
     print(f"window: {args.blobs} blobs of {args.blob_mib} MiB ({window / 2**30:.2f} GiB), {args.block_mib} MiB "
-          f"blocks; links {args.link / 1e9:.2f} GB/s per node, origin {args.origin / 1e9:.2f} GB/s in all; "
-          f"fanout {args.fanout}; {args.die:.0%} of the nodes die mid-window"
-          + ("; WHAT-IF: first copies first (not the real code)" if args.first_copies_first else ""))
+          f"blocks, requests of {span_blocks} blocks; links {args.link / 1e9:.2f} GB/s per node, origin "
+          f"{args.origin / 1e9:.2f} GB/s in all; fanout {args.fanout}; {args.die:.0%} of the nodes die mid-window")
     print(f"one node alone from the origin: {window / min(args.link, args.origin):.2f} s")
     print(f"{args.seeds} seeds from {args.seed} per N; origin/window as mean and worst, lost as mean, "
           "the rest as mean (max sent/blob: worst)")
-    print(f"{'nodes':>6} {'died':>5} {'origin/window':>14} {'worst':>7} {'lost':>7} {'max sent/blob':>14} "
-          f"{'spread s':>9} {'s/log2(N)':>10} {'wall s':>7}")
+    print(f"{'order':>9} {'nodes':>6} {'died':>5} {'origin/window':>14} {'worst':>7} {'lost':>7} "
+          f"{'max sent/blob':>14} {'spread s':>9} {'s/log2(N)':>10} {'wall s':>7}")
     for n in args.nodes:
-        runs = [Simulation(n, blobs=args.blobs, blocks=blocks, block_bytes=args.block_mib << 20, link=args.link,
-                           origin=args.origin, peer_latency=args.peer_latency, origin_latency=args.origin_latency,
-                           die=args.die, fanout=args.fanout, seed=seed,
-                           first_copies_first=args.first_copies_first).run()
-                for seed in range(args.seed, args.seed + args.seeds)]
-        spread = statistics.mean(r.spread_seconds for r in runs)
-        print(f"{n:>6} {runs[0].died:>5} {statistics.mean(r.origin_ratio for r in runs):>14.3f} "
-              f"{max(r.origin_ratio for r in runs):>7.3f} {statistics.mean(r.lost for r in runs):>7.3f} "
-              f"{max(r.max_sends_per_blob for r in runs):>14.2f} {spread:>9.2f} {spread / math.log2(n):>10.3f} "
-              f"{sum(r.wall for r in runs):>7.1f}")
+        for order in orders:
+            runs = [Simulation(n, blobs=args.blobs, blocks=blocks, block_bytes=args.block_mib << 20,
+                               span_blocks=span_blocks, link=args.link, origin=args.origin,
+                               peer_latency=args.peer_latency, origin_latency=args.origin_latency, die=args.die,
+                               fanout=args.fanout, seed=seed, per_peer=args.per_peer,
+                               staggered=order == "staggered").run()
+                    for seed in range(args.seed, args.seed + args.seeds)]
+            spread = statistics.mean(r.spread_seconds for r in runs)
+            print(f"{order:>9} {n:>6} {runs[0].died:>5} {statistics.mean(r.origin_ratio for r in runs):>14.3f} "
+                  f"{max(r.origin_ratio for r in runs):>7.3f} {statistics.mean(r.lost for r in runs):>7.3f} "
+                  f"{max(r.max_sends_per_blob for r in runs):>14.2f} {spread:>9.2f} "
+                  f"{spread / math.log2(n):>10.3f} {sum(r.wall for r in runs):>7.1f}", flush=True)
     print("command: " + " ".join(["benchmarks/cluster_sim.py", *sys.argv[1:]]))
 
 

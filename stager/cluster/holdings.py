@@ -24,6 +24,7 @@ its own credentials.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -96,24 +97,40 @@ class Holdings:
         self._opened.set()
         self._opened = asyncio.Event()
 
-    async def open(self, request: PeerRequest) -> AsyncIterator[bytes] | None:
-        """The blocks of ``request`` one by one (a block is read or fetched when the previous one is sent),
-        or None if this node neither holds them nor may fetch them for the asker."""
+    async def open(self, request: PeerRequest) -> tuple[PeerRequest, AsyncIterator[bytes]] | None:
+        """The range as it will be answered and its blocks one by one (a block is read or fetched when the
+        previous one is sent), or None if this node neither holds them nor may fetch them for the asker.
+
+        In ``hold`` mode the answer is the longest run of the range, from its start, held verified here
+        (shorter than asked when only its start is held): an owner asking a node that holds part of a blob
+        takes that part, and asks the next one for the rest.
+        """
         cache, digest = self.engine.cache, request.digest
         record = await self.engine.in_disk_thread(cache.record, digest)
-        held = record is not None and record.size == request.size and record.block_size == request.block_size \
-            and all(b in record.verified for b in request.blocks)
+        fits = record is not None and record.size == request.size and record.block_size == request.block_size
+        held = fits and all(b in record.verified for b in request.blocks)
+        if fits and not held and request.mode == "hold":
+            run = 0
+            for b in request.blocks:
+                if b not in record.verified:
+                    break
+                run += 1
+            if run == 0:
+                return None
+            request = dataclasses.replace(request, end=min(request.size, (request.blocks[0] + run)
+                                                           * request.block_size))
+            return request, self._held_blocks(request)
         ref = self._ref(request)
         if ref is None and not held and request.mode != "hold":
             ref = await self._wait_for_version(request)
         if held and (ref is None or request.mode == "hold"):
-            return self._held_blocks(request)  # read as held; never a fetch, even if it is evicted meanwhile
+            return request, self._held_blocks(request)  # read as held; never a fetch, even if evicted meanwhile
         if ref is None or not (held or self._may_fetch(request)):
             return None
         if not held:
             self.stats.fetches_for_peers += 1
             self._warm(ref)
-        return self._engine_blocks(ref, request)
+        return request, self._engine_blocks(ref, request)
 
     def _may_fetch(self, request: PeerRequest) -> bool:
         if request.mode == "hold":

@@ -18,6 +18,9 @@ still waiting on it ends at once as ``down``. aiohttp's errors are translated he
 :class:`~stager.errors.PeerError` with a ``kind`` (``down``, ``timeout``,
 ``refused``, ``missing``, ``corrupt``, ``protocol``) that the engine's
 fallback and the failure counters use.
+A ``hold`` request may be answered with the start of its range alone (what
+the peer holds): the blocks received are kept and the caller asks the next
+source for the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from ..aio import to_the_end
 from ..errors import BlobSourceError, CacheError, CorruptData, PeerError
 from ..store.base import RangeSink, feed_sink
 from .auth import PeerAuth
@@ -132,9 +136,11 @@ class PeerClient:
             async with self._client().get(self.url(peer, BLOBS_PATH + ask.digest), params=ask.query(),
                                           headers=headers, timeout=self._timeout(expected, ask.mode)) as response:
                 _check_status(peer, response.status)
-                if response.content_length != expected:
-                    raise PeerError(f"peer {peer}: answered {response.content_length} bytes for a range of "
-                                    f"{expected}", "protocol")
+                asked, expected = expected, response.content_length
+                if not _answer_fits(ask, expected):
+                    raise PeerError(f"peer {peer}: answered {expected} bytes for a range of {asked}"
+                                    + (" (in hold mode, a block-aligned start of it)" if ask.mode == "hold" else ""),
+                                    "protocol")
                 received = 0
 
                 async def chunks() -> AsyncIterator[bytes]:
@@ -151,7 +157,17 @@ class PeerClient:
                     if received != expected:
                         raise PeerError(f"peer {peer}: sent {received} of {expected} bytes", "protocol")
 
-                await feed_sink(open_sink(), chunks())
+                if expected == asked:
+                    await feed_sink(open_sink(), chunks())
+                    return received
+                # The start of the range (hold mode): its blocks are recorded as each is verified; the sink,
+                # whose span goes on, is settled without its end, and the caller asks elsewhere for the rest.
+                sink = open_sink()
+                try:
+                    async for chunk in chunks():
+                        await sink.write(chunk)
+                finally:
+                    await to_the_end(sink.abort())
                 return received
         except (CorruptData, BlobSourceError) as exc:  # the engine's sink found bytes that fail verification
             if isinstance(exc, PeerError):
@@ -176,7 +192,8 @@ class PeerClient:
             async def abort(self) -> None:
                 parts.clear()
 
-        await self.read_into(peer, ask, _Collect)
+        if await self.read_into(peer, ask, _Collect) != ask.end - ask.start:
+            raise PeerError(f"peer {peer}: holds only the start of the range", "missing")
         return b"".join(parts)
 
     async def head(self, peer: str, ask: PeerRequest) -> bool:
@@ -199,6 +216,16 @@ class PeerClient:
             if session is not None:
                 await session.close()
         self._session = self._health_session = None
+
+
+def _answer_fits(ask: PeerRequest, length: int | None) -> bool:
+    """The whole range; or, in ``hold`` mode, a non-empty block-aligned start of it (what the peer holds)."""
+    expected = ask.end - ask.start
+    if length == expected:
+        return True
+    if ask.mode != "hold" or length is None or not 0 < length < expected:
+        return False
+    return (ask.start + length) % ask.block_size == 0
 
 
 def _translated(peer: str, exc: BaseException) -> PeerError:

@@ -3,7 +3,8 @@
 - ``GET /healthz``: 200 ``ok``, no authentication and no data (for probes and peers' health checks);
   503 while the daemon stops.
 - ``GET /v1/blobs/{digest}?start=&end=&size=&block_size=&index=&mode=``: the bytes of a
-  block-aligned range (``request.py``), streamed block by block as each is read or arrives.
+  block-aligned range (``request.py``), streamed block by block as each is read or arrives; in
+  ``hold`` mode, the part of it held here from its start (``Content-Length`` says how much).
 - ``HEAD /v1/blobs/{digest}?...``: 200 if the range is held verified here now, else 404.
 
 Every ``/v1`` request must carry a valid signature (``auth.py``); any other
@@ -104,10 +105,11 @@ def build_peer_app(auth: PeerAuth, holdings: Holdings, stats: ClusterStats, *, p
             return peer_request
         semaphore, limiter = limits.of(request.headers.get(ASKER_HEADER, request.remote or ""))
         async with semaphore:
-            blocks = await holdings.open(peer_request)
-            if blocks is None:
+            opened = await holdings.open(peer_request)
+            if opened is None:
                 stats.requests_missing += 1
                 return web.Response(status=404)
+            peer_request, blocks = opened  # in hold mode, perhaps only the start of the range (what is held)
             response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
             response.content_length = peer_request.end - peer_request.start
             started = False

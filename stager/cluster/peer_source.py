@@ -5,8 +5,11 @@ current ring (``placement.py``): a node that does not own the blob asks its
 parent in the blob's spreading tree (``relay``), then that one's parent, and
 so on, the owner last (``fetch``: it fetches from the origin once for
 everyone); the owner itself first asks the two nodes ranked after it, which
-owned the blob before a member joined (``hold``: only what they have). The
+owned the blob before a member joined or are its children (``hold``: only
+what they have, as much of the range as they hold from its start). The
 origin is always the last source, so a read never fails because a peer did.
+The owner's children fetch a blob staggered (:meth:`ClusterSources.first_block`):
+the first copies of its blocks leave the owner before most second copies.
 
 Every block a peer sends goes through the engine's sink, which verifies it
 against the manifest. A peer that is down or refuses is marked down
@@ -36,7 +39,7 @@ from ..store.base import run_check
 from .identity import ClusterIdentities
 from .membership import Membership
 from .peer_client import PeerClient
-from .placement import DEFAULT_FANOUT, PeerRing
+from .placement import DEFAULT_FANOUT, PeerRing, first_block_in
 from .request import PeerRequest
 from .stats import ClusterStats
 
@@ -73,7 +76,8 @@ class PeerSource(BlobSource):
             self._cluster.failed(self.peer, exc)
             raise
         self._cluster.stats.bytes_from_peers += received
-        self._cluster.stats.blocks_from_peers += len(range(start // ref.block_size, -(-end // ref.block_size)))
+        self._cluster.stats.blocks_from_peers += len(range(start // ref.block_size,
+                                                           -(-min(end, start + received) // ref.block_size)))
 
     async def read(self, ref: BlobRef, start: int, end: int, *, check: Check | None = None) -> bytes:
         try:
@@ -136,6 +140,20 @@ class ClusterSources:
             if chain:
                 sources.append(PeerSource(chain[-1], "fetch", self))
         return (*sources, self._origin)
+
+    def first_block(self, ref: BlobRef, span_blocks: int) -> int:
+        """Where this node's whole-blob fetch of ``ref`` starts, in each request of ``span_blocks`` blocks
+        (``placement.first_block_in``).
+
+        The owner reads in order. Its ``fanout`` children start a ``1/fanout`` of a request apart (the
+        ``k``-th at ``k * span_blocks // fanout``): their requests to the owner run side by side, each in
+        order, so at any moment they carry different blocks, and the first copy of every block of a request
+        has left the owner when a ``1/fanout`` of its sends are done. An owner that dies then leaves little
+        that it alone held (its children hold the rest between them, and the new owner asks them first,
+        ``hold`` taking what they hold of a range). Deeper nodes start as their ancestor among the owner's
+        children does, so they take blocks in the order their parent receives them.
+        """
+        return first_block_in(self.ring().ranking(ref.digest), self.membership.me, self.fanout, span_blocks)
 
     def failed(self, peer: str, exc: PeerError) -> None:
         """Count a failed request and keep away from the peer as its failure deserves."""

@@ -15,6 +15,8 @@ to at most ``fanout`` others (plus fallbacks when a node is down), and a
 blob reaches all N nodes in about ``log_fanout(N)`` hops instead of the
 owner sending it N - 1 times. :meth:`PeerRing.upstream` lists the chain a
 node tries, nearest first; the engine then falls back to the origin.
+The owner's children take a blob in staggered orders (:func:`first_block_in`),
+so that the owner sends the first copies of its blocks before most second copies.
 """
 
 from __future__ import annotations
@@ -103,6 +105,22 @@ def children_in(order: Sequence[str], me: str, fanout: int) -> list[str]:
         return []
     first = order.index(me) * fanout + 1
     return list(order[first:first + fanout])
+
+
+def first_block_in(order: Sequence[str], me: str, fanout: int, span_blocks: int) -> int:
+    """In a blob's ranking ``order``: where ``me`` starts its whole-blob fetch, in each request of
+    ``span_blocks`` blocks. 0 for the owner (and a node outside ``order``). The owner's ``k``-th child
+    (rank ``k + 1``) starts ``k * span_blocks // fanout`` blocks in: the owner's children's requests, side
+    by side and each in order, carry different blocks at any moment, so few blocks are on the owner alone
+    (what only it holds is what its death costs the origin). Every deeper node starts where its ancestor
+    among the owner's children does: it takes the blocks in the order its parent receives them, pipelined
+    (whatever its parent holds, the owner holds too)."""
+    if me not in order:
+        return 0
+    rank = order.index(me)
+    while rank > fanout:
+        rank = (rank - 1) // fanout
+    return (rank - 1) * span_blocks // fanout if rank else 0
 
 
 def share(members: Sequence[str], digests: Sequence[str]) -> dict[str, int]:

@@ -23,7 +23,11 @@ closes the partial file and releases the lock so other processes can proceed.
 Holding the lock, the job reserves room (``cache.begin``), groups the wanted
 blocks not yet verified into requests (:mod:`.spans`) and fetches each as a
 :class:`~.span_fetch.SpanFetch`, in parallel. Blocks a previous run already
-verified are not fetched again. When every block is verified and the whole
+verified are not fetched again. Where the blob's sources stagger it
+(:func:`~.source.first_block`, a cluster node's children in a blob's tree),
+the requests start at that block and the blocks before it go last, once the
+rest are in; blocks a reader waits for, or a consumer blocked on the whole
+blob, never wait. When every block is verified and the whole
 blob is wanted, the partial file is committed by rename, after a re-hash of
 the whole file: blocks that changed on the disk since they were recorded are
 forgotten by the commit and fetched again. A disk write in progress is always
@@ -42,6 +46,8 @@ from typing import TYPE_CHECKING, Callable
 from ..aio import retrieve, wait_until_set
 from ..cache import BlobState
 from ..errors import AccessDenied, CacheCorrupt, CacheError, ShardNotFound, StagerError
+from .plan import URGENT
+from .source import first_block
 from .span_fetch import SpanFetch
 from .spans import WantedBlock, block_priority, plan_spans
 
@@ -236,6 +242,8 @@ class BlobJob:
         ctx = self._ctx
         inflight: dict[int, asyncio.Task[None]] = {}
         rotted_commits = 0
+        span_blocks = min(len(self.ref.blocks), max(1, ctx.config.request_bytes // self.ref.block_size))
+        head = first_block(ctx.sources, self.ref, span_blocks)  # the blocks before it are fetched last
         try:
             while True:
                 verified = partial.verified
@@ -248,6 +256,13 @@ class BlobJob:
                         if index not in self._blocks:
                             self._blocks[index] = WantedBlock(index, block_priority(self.priority, index))
                 queued = [block for index, block in sorted(self._blocks.items()) if index not in inflight]
+                if head and self.priority > URGENT \
+                        and (any(i >= head for i in inflight) or any(b.index >= head for b in queued)):
+                    # A staggered whole-blob fetch: its requests start at block ``head`` (so they fall on a
+                    # grid shifted from its siblings'), the blocks before it wait until the rest are in. A
+                    # block someone waits for (explicit), or any once a consumer is blocked on the whole
+                    # blob, never waits.
+                    queued = [b for b in queued if b.index >= head or b.explicit]
                 for span in plan_spans(queued, self.ref.block_size, ctx.config.request_bytes):
                     task = asyncio.create_task(SpanFetch(ctx, self.ref, partial, span, self._served).run())
                     for block in span.blocks:

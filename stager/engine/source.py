@@ -68,6 +68,23 @@ class BlobSources(Protocol):
     def for_blob(self, ref: "BlobRef") -> Sequence[BlobSource]:
         """The sources to try for this blob, best first; the last is always the origin."""
 
+    # Optional: ``first_block(ref, span_blocks) -> int``, where in each request of ``span_blocks`` blocks a
+    # whole-blob fetch starts (``first_block`` below; 0 when a source set does not say).
+
+
+def first_block(sources: BlobSources, ref: "BlobRef", span_blocks: int) -> int:
+    """The block, in ``[0, span_blocks)``, at which a whole-blob fetch of ``ref`` lays its first request.
+
+    0 (the blob in order) unless ``sources`` staggers it: the children of one node in a cluster's spreading
+    tree each start at a different point, so that their parent sends the first copies of a blob's blocks
+    side by side, ahead of most second copies (``stager.cluster.peer_source``). The blocks before that
+    point are fetched last.
+    """
+    stagger = getattr(sources, "first_block", None)
+    if stagger is None or span_blocks <= 1:
+        return 0
+    return min(max(0, int(stagger(ref, span_blocks))), span_blocks - 1)
+
 
 class OriginOnly:
     """Every blob from its origin alone (the engine's default)."""

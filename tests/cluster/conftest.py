@@ -18,3 +18,16 @@ def cluster(s3_server_factory, fault_proxy, tmp_path):
         yield made
     finally:
         made.close()
+
+
+@pytest.fixture
+def fine_cluster(s3_server_factory, fault_proxy, tmp_path):
+    """As ``cluster``, with blobs of 20 blocks (16 KiB blocks): where in a blob each node is can be told."""
+    server = s3_server_factory()
+    bucket = server.make_bucket(BUCKET)
+    corpus = make_corpus(bucket / "corpus", shards=12, tokens=160_000, block_size=16 * 1024)
+    made = Cluster(corpus, fault_proxy(server), (server.access_key, server.secret_key), write_secret(tmp_path))
+    try:
+        yield made
+    finally:
+        made.close()

@@ -212,3 +212,58 @@ async def test_a_request_waiting_on_a_peer_ends_at_once_when_the_health_checks_f
         release.set()
         await client.close()
         await runner.cleanup()
+
+
+class _Recorder(RangeSink):
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.ended = ""
+
+    async def write(self, chunk: bytes) -> None:
+        self.data += chunk
+
+    async def close(self) -> None:
+        self.ended = "closed"
+
+    async def abort(self) -> None:
+        self.ended = "aborted"
+
+
+async def test_a_hold_request_takes_the_block_aligned_start_a_peer_holds_and_other_modes_take_only_all():
+    # An owner asks the nodes ranked after it for what they hold: children that took its blob in staggered
+    # orders each hold part of it, and a range held only in part used to be answered 404 (all to the origin).
+    async def blob(request: web.Request) -> web.Response:
+        return web.Response(body=bytes(range(256)) * 8)  # 2 KiB, whatever the range
+
+    app = web.Application()
+    app.router.add_get(BLOBS_PATH + "{digest}", blob)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port(HOST)
+    await web.TCPSite(runner, HOST, port).start()
+    peer, me = f"{HOST}:{port}", "127.0.0.3:7070"
+    client = PeerClient(PeerAuth(SECRET), lambda: me)
+
+    def ask(mode: str, end: int = 4096) -> PeerRequest:  # blocks of 1 KiB; the peer sends 2 KiB
+        return PeerRequest("0" * 32, 0, end, 8192, 1024, 0, "", "", mode, me)
+
+    try:
+        sink = _Recorder()
+        assert await client.read_into(peer, ask("hold"), lambda: sink) == 2048
+        assert (bytes(sink.data), sink.ended) == (bytes(range(256)) * 8, "aborted")  # kept; the span goes on
+        with pytest.raises(PeerError) as caught:
+            await client.read(peer, ask("hold"))  # in memory (the hedge): all or nothing
+        assert caught.value.kind == "missing"
+        for mode in ("relay", "fetch"):
+            with pytest.raises(PeerError) as caught:
+                await client.read_into(peer, ask(mode), _Recorder)
+            assert caught.value.kind == "protocol"
+        with pytest.raises(PeerError) as caught:  # not on a block boundary
+            await client.read_into(peer, PeerRequest("0" * 32, 0, 4096, 8192, 1536, 0, "", "", "hold", me),
+                                   _Recorder)
+        assert caught.value.kind == "protocol"
+        sink = _Recorder()
+        assert await client.read_into(peer, ask("hold", 2048), lambda: sink) == 2048 and sink.ended == "closed"
+    finally:
+        await client.close()
+        await runner.cleanup()

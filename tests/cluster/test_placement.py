@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from stager.cluster.placement import PeerRing, children_in, ranked, share, upstream_in
+from stager.cluster.placement import PeerRing, children_in, first_block_in, ranked, share, upstream_in
 
 DIGESTS = [secrets.token_hex(16) for _ in range(4000)]
 MEMBERS = [f"127.0.0.{i}:7070" for i in range(2, 12)]
@@ -67,3 +67,14 @@ def test_a_node_outside_the_members_asks_the_owner_and_owns_nothing():
     ring = PeerRing(MEMBERS, "127.0.0.200:7070")
     for d in DIGESTS[:50]:
         assert not ring.is_owner(d) and ring.upstream(d) == [ranked(d, MEMBERS)[0]]
+
+
+def test_the_owners_children_start_a_blob_a_fanout_th_of_a_request_apart_and_deeper_nodes_as_their_ancestor():
+    order = [f"10.0.0.{i}:7070" for i in range(30)]
+    assert first_block_in(order, order[0], 4, 8) == 0  # the owner
+    assert [first_block_in(order, m, 4, 8) for m in order[1:5]] == [0, 2, 4, 6]  # the owner's children
+    assert [first_block_in(order, m, 4, 8) for m in order[5:9]] == [0, 0, 0, 0]  # rank 1's: as rank 1
+    assert [first_block_in(order, m, 4, 8) for m in order[9:13]] == [2, 2, 2, 2]  # rank 2's: as rank 2
+    assert first_block_in(order, order[21], 4, 8) == 0  # rank 21: its parent is 5, whose is 1
+    assert first_block_in(order, "10.9.9.9:7070", 4, 8) == 0  # not a member
+    assert [first_block_in(order, m, 4, 5) for m in order[1:5]] == [0, 1, 2, 3]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from stager.cache import CacheTier
 from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
-from stager.engine import Engine
+from stager.engine import URGENT, Engine
 from stager.engine.source import BlobSource, OriginSource
 from stager.errors import PeerError
 from stager.store import LocalStore, RangeSink, StoreOptions
@@ -191,3 +191,81 @@ async def test_without_sources_every_byte_is_from_the_origin(http_origin, fault_
     stats, from_origin = await stage(None, fault_proxy(http_origin), root, manifest, tmp_path / "cache")
     assert stats["bytes_from_origin"] == stats["bytes_fetched"] == from_origin == total
     assert (stats["bytes_from_peers"], stats["source_failures_peer"], stats["source_failures_origin"]) == (0, 0, 0)
+
+
+class Staggered(Sources):
+    """Sources that stagger a whole-blob fetch at block ``head`` (as a cluster node's children do)."""
+
+    def __init__(self, head: int, *first: BlobSource) -> None:
+        super().__init__(*first)
+        self.head = head
+
+    def first_block(self, ref, span_blocks):
+        return self.head
+
+
+class Recording(StoreSource):
+    """Records each range asked for (in blocks); the ranges that start at ``hold_from`` or later wait for
+    ``release``."""
+
+    def __init__(self, root: Path, hold_from: int) -> None:
+        super().__init__(root)
+        self.hold_from = hold_from
+        self.release = asyncio.Event()
+        self.asked: list[tuple[int, int]] = []
+        self.done: list[tuple[int, int]] = []
+
+    async def read_into(self, ref, start, end, open_sink) -> None:
+        blocks = (start // BLOCK, -(-end // BLOCK))
+        self.asked.append(blocks)
+        if blocks[0] >= self.hold_from:
+            await self.release.wait()
+        await super().read_into(ref, start, end, open_sink)
+        self.done.append(blocks)
+
+
+async def test_a_staggered_fetch_starts_at_its_block_takes_the_head_last_and_a_reader_never_waits(
+        http_origin, fault_proxy, tmp_path):
+    root = http_origin.root / "corpus"
+    manifest = make_corpus(root, shards=1)
+    peer = Recording(root, hold_from=2)
+    proxy = fault_proxy(http_origin)
+    n = len(manifest.block_digests(0))
+    assert n >= 4
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(), sources=Staggered(2, peer)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            ref = dataset.ref(0)
+            whole = asyncio.ensure_future(engine.ensure(ref))
+            for _ in range(200):  # at most 2 s
+                if peer.asked:
+                    break
+                await asyncio.sleep(0.01)
+            assert peer.asked == [(2, n)]  # the staggered start; blocks 0 and 1 wait for the rest
+            data = await asyncio.wait_for(engine.read_block(ref, 0), 10)  # a reader's block does not wait
+            assert data == (root / ref.path).read_bytes()[:BLOCK]
+            assert peer.asked == [(2, n), (0, 1)]
+            peer.release.set()
+            await asyncio.wait_for(whole, 10)
+            assert_cache_matches(cache, manifest, root)
+            assert peer.asked == [(2, n), (0, 1), (1, 2)] and peer.done[1:] == [(2, n), (1, 2)]
+            stats = engine.stats.as_dict()
+            assert (stats["bytes_from_peers"], stats["bytes_from_origin"]) == (ref.size, 0)
+    await peer.store.close()
+
+
+async def test_a_blob_a_consumer_is_blocked_on_is_not_staggered(http_origin, fault_proxy, tmp_path):
+    root = http_origin.root / "corpus"
+    manifest = make_corpus(root, shards=1)
+    peer = Recording(root, hold_from=2)
+    proxy = fault_proxy(http_origin)
+    n = len(manifest.block_digests(0))
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(), sources=Staggered(2, peer)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            ref = dataset.ref(0)
+            whole = asyncio.ensure_future(engine.ensure(ref, priority=URGENT))
+            await asyncio.wait_for(whole, 10)
+            assert peer.asked == [(0, n)]  # in order, in one request
+            assert_cache_matches(cache, manifest, root)
+    await peer.store.close()
