@@ -528,7 +528,8 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     if not (corpus / ".stager" / "manifest.parquet").exists():
         write_corpus(corpus, shards, shard_tokens)
     warm_layouts = [f"cache-warm-{layout}" for layout in LAYOUTS]
-    for stale in ("cache-warm", "cache-cold", "mosaic-cold", "lit-cold", "mosaic-zstd-local", *warm_layouts):  # every run starts cold
+    # every run starts cold
+    for stale in ("cache-warm", "cache-cold", "mosaic-cold", "lit-cold", "mosaic-zstd-local", *warm_layouts):
         shutil.rmtree(work / stale, ignore_errors=True)
     for layout, kind in PEER_LAYOUTS.items():
         folder = LAYOUTS[layout][0]
@@ -566,7 +567,8 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         "mosaic zstd": dict(base, mosaic_remote=str(root / "mdsz"), mosaic_local=str(work / "mosaic-zstd-local")),
         "litdata": dict(base, lit_local=str(root / "lit")),
         "hf native": dict(base, hf_local=str(root / "hf")),
-        "parquet native": dict(base, parquet_local=str(root / "parquet"), parquet_cache=str(work / "parquet-hf-cache")),
+        "parquet native": dict(base, parquet_local=str(root / "parquet"),
+                               parquet_cache=str(work / "parquet-hf-cache")),
         "megatron native": dict(base, megatron_local=str(root / "megatron")),
     }
     for layout, (folder, _native) in LAYOUTS.items():
