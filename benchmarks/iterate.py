@@ -26,15 +26,18 @@ in its own process, side by side:
     tokens.
 
 (c) **layouts read in place**: the same corpus as a Hugging Face ``save_to_disk``
-    folder and as Megatron-LM ``.bin``/``.idx`` pairs (written by ``datasets`` and
-    megatron-core, both in stager's test extra), and as the MDS and LitData copies
-    of (a) and (b) when the peers can run: stager over each layout (``stager
-    index`` finds it; one window is one of the layout's samples) against
-    stager's own flat ``.bin`` figure of the same round and the layout's native
-    loader over the same files (``datasets`` with torch format and a shuffling
-    DataLoader; Megatron's ``IndexedDataset`` the same way; MosaicML and LitData
-    as in (a)), warm; and stager over each layout cold, through the same faulty
-    origin as (b).
+    folder, as Hub-style Parquet files (an ``input_ids`` ``list<int32>`` column)
+    and as Megatron-LM ``.bin``/``.idx`` pairs (written by ``datasets`` and
+    megatron-core, both in stager's test extra), and as the MDS (also with zstd
+    shards) and LitData copies of (a) and (b) when the peers can run: stager
+    over each layout (``stager index`` finds it; one window is one of the
+    layout's samples) against stager's own flat ``.bin`` figure of the same
+    round and the layout's native loader over the same files (``datasets``
+    with torch format and a shuffling DataLoader, ``load_from_disk`` or
+    ``load_dataset("parquet")``; Megatron's ``IndexedDataset`` the same way;
+    MosaicML and LitData as in (a)), warm; and stager over each layout cold,
+    through the same faulty origin as (b). Every batch of every run is checked
+    against the flat corpus (wrong samples counted).
 
 The peers live in a separate virtual environment made by ``--setup``
 (``benchmarks/.venv-peers``: torch 2.14.1 + torchvision, MosaicML streaming
