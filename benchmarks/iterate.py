@@ -26,15 +26,18 @@ in its own process, side by side:
     tokens.
 
 (c) **layouts read in place**: the same corpus as a Hugging Face ``save_to_disk``
-    folder and as Megatron-LM ``.bin``/``.idx`` pairs (written by ``datasets`` and
-    megatron-core, both in stager's test extra), and as the MDS and LitData copies
-    of (a) and (b) when the peers can run: stager over each layout (``stager
-    index`` finds it; one window is one of the layout's samples) against
-    stager's own flat ``.bin`` figure of the same round and the layout's native
-    loader over the same files (``datasets`` with torch format and a shuffling
-    DataLoader; Megatron's ``IndexedDataset`` the same way; MosaicML and LitData
-    as in (a)), warm; and stager over each layout cold, through the same faulty
-    origin as (b).
+    folder, as Hub-style Parquet files (an ``input_ids`` ``list<int32>`` column)
+    and as Megatron-LM ``.bin``/``.idx`` pairs (written by ``datasets`` and
+    megatron-core, both in stager's test extra), and as the MDS (also with zstd
+    shards) and LitData copies of (a) and (b) when the peers can run: stager
+    over each layout (``stager index`` finds it; one window is one of the
+    layout's samples) against stager's own flat ``.bin`` figure of the same
+    round and the layout's native loader over the same files (``datasets``
+    with torch format and a shuffling DataLoader, ``load_from_disk`` or
+    ``load_dataset("parquet")``; Megatron's ``IndexedDataset`` the same way;
+    MosaicML and LitData as in (a)), warm; and stager over each layout cold,
+    through the same faulty origin as (b). Every batch of every run is checked
+    against the flat corpus (wrong samples counted).
 
 The peers live in a separate virtual environment made by ``--setup``
 (``benchmarks/.venv-peers``: torch 2.14.1 + torchvision, MosaicML streaming
@@ -86,14 +89,25 @@ def write_corpus(directory: Path, shards: int, tokens: int):
     return write_token_shards(directory, arrays, fmt="bin", block_size=2 << 20)
 
 
-def check_rows(batch) -> int:
-    """How many rows of a batch are not runs of consecutive tokens (mod 2**16)."""
+def check_rows(batch, starts=None) -> int:
+    """How many rows of a batch are not one of the flat truth's windows: a run of consecutive tokens
+    (mod 2**16) and, given ``starts`` (the first tokens' residues mod seq_len a window of some shard
+    can have), one that begins where a window of a shard begins."""
     import numpy as np
 
     rows = np.asarray(batch).astype(np.int64)
     if rows.ndim == 1:
         rows = rows[None]
-    return int((((np.diff(rows, axis=1) % 65536) != 1).any(axis=1)).sum())
+    bad = ((np.diff(rows, axis=1) % 65536) != 1).any(axis=1)
+    if starts is not None:
+        bad |= ~np.isin(rows[:, 0] % rows.shape[1], starts)
+    return int(bad.sum())
+
+
+def window_starts(shards: int, seq_len: int) -> list[int] | None:
+    """The residues mod ``seq_len`` of the first token of every window of the corpus (shard i counts up
+    from i * 7919, a window starts every seq_len tokens); None where seq_len does not divide 2**16."""
+    return sorted({i * 7919 % seq_len for i in range(shards)}) if 65536 % seq_len == 0 else None
 
 
 # -- contenders (each runs in its own process: --contender NAME --phase warm|cold --spec JSON) -----
@@ -152,7 +166,7 @@ def mosaic_loader(spec: dict):
     from streaming import StreamingDataset
     from torch.utils.data import DataLoader
 
-    remote = spec.get("mosaic_remote")
+    remote = spec.get("mosaic_remote")  # a folder or s3:// (zstd shards: decompressed into the local one)
     ds = StreamingDataset(remote=remote, local=spec["mosaic_local"], shuffle=True, shuffle_seed=0,
                           batch_size=spec["batch"], predownload=spec["batch"] * 64)
     loader = DataLoader(ds, batch_size=spec["batch"], num_workers=spec.get("workers", 0))
@@ -195,6 +209,21 @@ def hf_native_loader(spec: dict):
     return (batch["input_ids"] for batch in loader)
 
 
+def parquet_native_loader(spec: dict):
+    """Hugging Face's way with Hub-style Parquet files: load_dataset("parquet") (its Arrow cache made on
+    the first load, then memory-mapped), torch format, a shuffling DataLoader of batch B."""
+    import datasets
+    import torch
+    from torch.utils.data import DataLoader
+
+    datasets.disable_progress_bars()
+    files = sorted(str(p) for p in Path(spec["parquet_local"]).glob("*.parquet"))
+    ds = datasets.load_dataset("parquet", data_files=files, split="train",
+                               cache_dir=spec["parquet_cache"]).with_format("torch")
+    loader = DataLoader(ds, batch_size=spec["batch"], shuffle=True, generator=torch.Generator().manual_seed(0))
+    return (batch["input_ids"] for batch in loader)
+
+
 def megatron_native_loader(spec: dict):
     """Megatron's IndexedDataset per .bin/.idx pair, sequences drawn shuffled by a DataLoader of batch B."""
     import torch
@@ -218,8 +247,11 @@ def megatron_native_loader(spec: dict):
 
 
 #: Layouts stager reads in place (c): folder under the origin's root, the native contender over it.
-LAYOUTS = {"hf": ("hf", "hf native"), "megatron": ("megatron", "megatron native"),
-           "mds": ("mds", "mosaic"), "litdata": ("lit", "litdata")}
+LAYOUTS = {"hf": ("hf", "hf native"), "parquet": ("parquet", "parquet native"),
+           "megatron": ("megatron", "megatron native"), "mds": ("mds", "mosaic"),
+           "mds-zstd": ("mdsz", "mosaic zstd"), "litdata": ("lit", "litdata")}
+#: The layouts only the peers' writers make (in the peers' venv), by the kind --write takes.
+PEER_LAYOUTS = {"mds": "mosaic", "mds-zstd": "mosaic-zstd", "litdata": "litdata"}
 
 
 LOADERS = {
@@ -228,8 +260,10 @@ LOADERS = {
     "stager per-sample": lambda spec: stager_loader(spec, "per-sample"),
     "stager workers": lambda spec: stager_loader(spec, "workers"),
     "mosaic": mosaic_loader,
+    "mosaic zstd": mosaic_loader,
     "litdata": litdata_loader,
     "hf native": hf_native_loader,
+    "parquet native": parquet_native_loader,
     "megatron native": megatron_native_loader,
     **{f"stager {layout}": (lambda spec: stager_loader(spec, "direct")) for layout in LAYOUTS},
 }
@@ -239,7 +273,7 @@ def run_warm(name: str, spec: dict) -> dict:
     loader = iter(LOADERS[name](spec))
     for _ in range(spec["warmup"]):
         next(loader)
-    began, samples, wrong = time.perf_counter(), 0, 0
+    began, samples, wrong, checking = time.perf_counter(), 0, 0, 0.0
     for _ in range(spec["steps"]):
         try:
             batch = next(loader)
@@ -247,8 +281,10 @@ def run_warm(name: str, spec: dict) -> dict:
             loader = iter(LOADERS[name](spec))
             batch = next(loader)
         samples += len(batch)
-    seconds = time.perf_counter() - began
-    wrong += check_rows(batch)
+        t = time.perf_counter()
+        wrong += check_rows(batch, spec.get("starts"))  # every batch, against the flat truth
+        checking += time.perf_counter() - t
+    seconds = time.perf_counter() - began - checking  # the checks are the benchmark's, not the loader's
     return {"sequences_per_s": samples / seconds, "seconds": seconds, "wrong": wrong}
 
 
@@ -268,7 +304,7 @@ def run_cold(name: str, spec: dict) -> dict:
             data_wait = -stats()["wait_seconds"] if stats else 0.0
         else:
             waits.append(now - t)
-        wrong += check_rows(batch)
+        wrong += check_rows(batch, spec.get("starts"))
         time.sleep(step_time)  # the model's compute
     elapsed = time.perf_counter() - began - first
     waits.sort()
@@ -284,8 +320,9 @@ def run_cold(name: str, spec: dict) -> dict:
 def contender_main(name: str, phase: str, spec: dict) -> None:
     import torch  # noqa: F401 - imports take seconds on a busy machine: not part of any measurement
 
-    {"mosaic": lambda: __import__("streaming"), "litdata": lambda: __import__("litdata"),
-     "hf native": lambda: __import__("datasets"),
+    {"mosaic": lambda: __import__("streaming"), "mosaic zstd": lambda: __import__("streaming"),
+     "litdata": lambda: __import__("litdata"), "hf native": lambda: __import__("datasets"),
+     "parquet native": lambda: __import__("datasets"),
      "megatron native": lambda: __import__("megatron.core.datasets.indexed_dataset")}.get(
         name, lambda: __import__("stager.torch"))()
     result = (run_warm if phase == "warm" else run_cold)(name, spec)
@@ -300,11 +337,11 @@ def write_peer(kind: str, src: Path, out: Path, seq_len: int) -> None:
     import numpy as np
 
     shards = sorted(p for p in src.iterdir() if p.suffix == ".bin")
-    if kind == "mosaic":
+    if kind in ("mosaic", "mosaic-zstd"):
         from streaming import MDSWriter
 
-        with MDSWriter(out=str(out), columns={"tokens": f"ndarray:uint16:{seq_len}"}, compression=None,
-                       size_limit=1 << 26) as writer:
+        with MDSWriter(out=str(out), columns={"tokens": f"ndarray:uint16:{seq_len}"},
+                       compression="zstd" if kind == "mosaic-zstd" else None, size_limit=1 << 26) as writer:
             for path in shards:
                 tokens = np.fromfile(path, dtype="<u2")
                 for j in range(len(tokens) // seq_len):
@@ -333,6 +370,19 @@ def write_layout(kind: str, src: Path, out: Path, seq_len: int) -> None:
         features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("uint16"), length=seq_len)})
         datasets.Dataset.from_dict({"input_ids": rows}, features=features).save_to_disk(str(out),
                                                                                          num_shards=len(shards))
+    elif kind == "parquet":
+        import datasets
+
+        # As the Hub's Parquet files of a tokenized dataset hold it: an `input_ids` list<int32> column
+        # (what a tokenizer's output becomes), one file per shard, datasets' own writer and row groups.
+        datasets.disable_progress_bars()
+        features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
+        out.mkdir(parents=True, exist_ok=True)
+        for i, path in enumerate(shards):
+            tokens = np.fromfile(path, dtype="<u2")
+            rows = tokens[:len(tokens) // seq_len * seq_len].reshape(-1, seq_len).astype(np.int32)
+            datasets.Dataset.from_dict({"input_ids": rows}, features=features).to_parquet(
+                str(out / f"train-{i:05d}-of-{len(shards):05d}.parquet"))
     elif kind == "megatron":
         import warnings
 
@@ -357,9 +407,12 @@ def prepare_layouts(root: Path, corpus: Path, seq_len: int, peers: dict) -> dict
     status: dict[str, str | None] = {}
     for layout, (folder, native) in LAYOUTS.items():
         where = root / folder
-        if layout in ("mds", "litdata"):
-            if peers.get(native):
-                status[layout] = f"its writer is the peer's ({peers[native]})"
+        if layout in PEER_LAYOUTS:
+            if peers.get(native.split()[0]):
+                status[layout] = f"its writer is the peer's ({peers[native.split()[0]]})"
+                continue
+            if not (where / "index.json").exists():
+                status[layout] = "the peer's writer did not write it"
                 continue
         elif not where.exists():
             done = subprocess.run([sys.executable, __file__, "--write-layout", layout, str(corpus), str(where),
@@ -404,7 +457,7 @@ def peer_status() -> dict[str, str | None]:
 
 
 def run_contender(name: str, phase: str, spec: dict, timeout: float) -> dict:
-    python = str(PEERS_PYTHON) if name in ("mosaic", "litdata") else sys.executable
+    python = str(PEERS_PYTHON) if name in ("mosaic", "mosaic zstd", "litdata") else sys.executable
     env = {**os.environ, **spec.get("env", {}), "PYTHONPATH": str(REPO)}
     try:
         proc = subprocess.run([python, __file__, "--contender", name, "--phase", phase, "--spec", json.dumps(spec)],
@@ -478,15 +531,21 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     if not (corpus / ".stager" / "manifest.parquet").exists():
         write_corpus(corpus, shards, shard_tokens)
     warm_layouts = [f"cache-warm-{layout}" for layout in LAYOUTS]
-    for stale in ("cache-warm", "cache-cold", "mosaic-cold", "lit-cold", *warm_layouts):  # every run starts cold
+    # every run starts cold
+    for stale in ("cache-warm", "cache-cold", "mosaic-cold", "lit-cold", "mosaic-zstd-local", *warm_layouts):
         shutil.rmtree(work / stale, ignore_errors=True)
-    for kind, folder in (("mosaic", "mds"), ("litdata", "lit")):
-        if peers[kind] is None and not (root / folder / "index.json").exists():
+    for layout, kind in PEER_LAYOUTS.items():
+        folder = LAYOUTS[layout][0]
+        if peers[LAYOUTS[layout][1].split()[0]] is None and not (root / folder / "index.json").exists():
             done = subprocess.run([str(PEERS_PYTHON), __file__, "--write", kind, str(corpus), str(root / folder),
                                    "--seq-len", str(args.seq_len)], capture_output=True, text=True,
                                   env={**os.environ, "PYTHONPATH": str(REPO)})
             if done.returncode:
-                peers[kind] = "writing its format failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+                why = "writing its format failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+                if kind in peers:
+                    peers[kind] = why
+                else:  # the compressed MDS copy: only its layout is lost
+                    print(f"NOTE: {layout} cannot run here: {why}", flush=True)
     layouts = prepare_layouts(root, corpus, args.seq_len, peers)
     for kind, why in [*peers.items(), *layouts.items()]:
         if why:
@@ -499,7 +558,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     # short swung by 40% here from one process to the next.
     warm_steps = args.warm_steps or epoch_steps - WARMUP
     base = {"seq_len": args.seq_len, "batch": args.batch, "corpus": str(corpus), "capacity": 1 << 40,
-            "warmup": WARMUP, "steps": warm_steps}
+            "warmup": WARMUP, "steps": warm_steps, "starts": window_starts(shards, args.seq_len)}
     warm_cache = str(work / "cache-warm")
     run_contender("stager", "warm", dict(base, source=str(corpus), cache=warm_cache, steps=epoch_steps - 60),
                   1800)  # stages the whole corpus into the cache first
@@ -508,8 +567,11 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         "stager": dict(base, source=str(corpus), cache=warm_cache),
         "stager per-sample": dict(base, source=str(corpus), cache=warm_cache),
         "mosaic": dict(base, mosaic_local=str(root / "mds")),
+        "mosaic zstd": dict(base, mosaic_remote=str(root / "mdsz"), mosaic_local=str(work / "mosaic-zstd-local")),
         "litdata": dict(base, lit_local=str(root / "lit")),
         "hf native": dict(base, hf_local=str(root / "hf")),
+        "parquet native": dict(base, parquet_local=str(root / "parquet"),
+                               parquet_cache=str(work / "parquet-hf-cache")),
         "megatron native": dict(base, megatron_local=str(root / "megatron")),
     }
     for layout, (folder, _native) in LAYOUTS.items():
@@ -517,7 +579,11 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         if layouts[layout] is None and wanted(f"stager {layout}"):  # staged whole first, as the flat corpus
             run_contender(f"stager {layout}", "warm", dict(specs[f"stager {layout}"], steps=epoch_steps - 60), 1800)
     unusable = {f"stager {layout}" for layout, why in layouts.items() if why}
-    unusable |= {native for layout, (_, native) in LAYOUTS.items() if layout in ("hf", "megatron") and layouts[layout]}
+    unusable |= {native for layout, (_, native) in LAYOUTS.items()
+                 if layouts[layout] and native not in ("mosaic", "litdata")}  # those two also run in (a)
+    for name in ("mosaic zstd", "parquet native"):  # the copy they decompress / convert to, made before the rounds
+        if wanted(name) and name not in unusable:
+            run_contender(name, "warm", dict(specs[name], steps=epoch_steps - 60), 1800)
     names = [name for name in specs if wanted(name) and name not in unusable]
     rounds: list[dict[str, dict]] = []
     for r in range(args.rounds):  # each round starts with a different contender: the machine drifts
