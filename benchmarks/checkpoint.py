@@ -85,6 +85,23 @@ def child(mode: str, config: dict) -> dict:
                                   storage_options=config["dest_options"],
                                   replica_options={config["replica_url"] + "/stager": config["replica_options"]},
                                   thread_count=threads, drain="process")
+    elif mode == "stager-queued":  # staged and queued only: the "drain" child sends it
+        from stager.checkpoint import CheckpointWriter
+
+        url = config["dest_url"] + "/stager"
+        writer = CheckpointWriter(url, staging_dir=config["staging"], replicas=[config["replica_url"] + "/stager"],
+                                  storage_options=config["dest_options"],
+                                  replica_options={config["replica_url"] + "/stager": config["replica_options"]},
+                                  thread_count=threads, drain="none")
+    elif mode == "drain":
+        import asyncio
+
+        from stager.checkpoint.drain import Drain
+        from stager.checkpoint.staging import StagingDir
+
+        began = time.monotonic()
+        drained = asyncio.run(Drain(StagingDir(config["staging"])).run())
+        return {"seconds": time.monotonic() - began, "drained": drained, "peak_rss_mb": peak_rss_mb()}
     elif mode == "raw":
         return raw_upload(config)
     elif mode in ("load-fsspec", "load-stager"):
@@ -183,6 +200,8 @@ def main() -> None:
                         help="an aggregate cap per store, MB/s (default none: the profile's per-connection cap)")
     parser.add_argument("--threads", type=int, default=4, help="DCP writer threads (files per rank)")
     parser.add_argument("--work", type=Path, default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--drain-only", action="store_true",
+                        help="only (c) staged, then its drain alone against the raw upload (no DCP writers, no loads)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -209,11 +228,35 @@ def main() -> None:
                           "staging": str(work / "staging"), "cache": str(work / "cache"),
                           "dest_url": "s3://ckpt/run", "dest_options": dest.storage_options(dproxy.url),
                           "replica_url": "s3://ckpt/run", "replica_options": replica.storage_options(rproxy.url)}
-                results = measure(config, work)
+                if args.drain_only:
+                    results = measure_drain(config, work)
+                else:
+                    results = measure(config, work)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+    if args.drain_only:
+        d, raw = results["drain"], results["raw"]
+        print(machine())
+        print(f"state dict: {results['bytes'] / MB:.0f} MB; profile {args.profile}; the drain alone (its own process, "
+              f"started once the save returned): {d['seconds']:.2f} s; raw upload to both: {raw['seconds']:.2f} s; "
+              f"drain / raw: {d['seconds'] / raw['seconds']:.2f}x (target <= 1.1x)")
+        return
     report(args, results)
+
+
+def measure_drain(config: dict, work: Path) -> dict:
+    """(c)'s save, queued; then its drain alone, timed in a process of its own; then the raw upload."""
+    from stager.checkpoint.staging import StagingDir
+
+    out: dict = {"stager": run_child("stager-queued", config, work)}
+    out["drain"] = run_child("drain", config, work)
+    entry = StagingDir(config["staging"]).entry(config["dest_url"] + "/stager")
+    if not entry.drained:
+        raise SystemExit("the drain ended without the checkpoint verified at every store")
+    out["bytes"] = sum(p.stat().st_size for p in entry.path.iterdir() if p.is_file())
+    out["raw"] = run_child("raw", {**config, "raw_from": str(entry.path)}, work)
+    return out
 
 
 def measure(config: dict, work: Path) -> dict:
