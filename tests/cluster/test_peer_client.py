@@ -7,6 +7,8 @@ times out moves that request on without taking the peer out of the ring.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import AsyncIterator
 
 from aiohttp import web
 
@@ -25,6 +27,28 @@ from stager.testing.s3server import free_port
 
 SECRET = b"a-cluster-secret-of-32-bytes-ok!"
 HOST = "127.0.0.2"
+
+
+@contextlib.asynccontextmanager
+async def fake_peer(blob, *, health: bool = False) -> AsyncIterator[str]:
+    """An aiohttp peer on loopback answering blob requests with ``blob`` (and /healthz if ``health``); its
+    ``host:port``."""
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    app = web.Application()
+    if health:
+        app.router.add_get("/healthz", healthz)
+    app.router.add_get(BLOBS_PATH + "{digest}", blob)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        port = free_port(HOST)
+        await web.TCPSite(runner, HOST, port).start()
+        yield f"{HOST}:{port}"
+    finally:
+        await runner.cleanup()
 
 
 class _Discard(RangeSink):
@@ -52,17 +76,8 @@ async def test_a_peer_whose_every_connection_carries_a_slow_blob_request_still_a
             await release.wait()
         return web.Response(status=404)
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get(BLOBS_PATH + "{digest}", slow_blob)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port(HOST)
-    await web.TCPSite(runner, HOST, port).start()
-    peer = f"{HOST}:{port}"
+    stack = contextlib.AsyncExitStack()
+    peer = await stack.enter_async_context(fake_peer(slow_blob, health=True))
     client = PeerClient(PeerAuth(SECRET), lambda: "127.0.0.3:7070", per_peer=2)
     ask = PeerRequest("0" * 32, 0, 1024, 1024, 1024, 0, "", "", "relay", "127.0.0.3:7070")
     blobs = [asyncio.create_task(client.read_into(peer, ask, _Discard)) for _ in range(client.per_peer)]
@@ -76,7 +91,7 @@ async def test_a_peer_whose_every_connection_carries_a_slow_blob_request_still_a
         release.set()
         await asyncio.gather(*blobs, return_exceptions=True)
         await client.close()
-        await runner.cleanup()
+        await stack.aclose()
 
 
 async def test_a_request_that_times_out_moves_on_but_leaves_a_peer_that_answers_health_checks_in_the_ring():
@@ -90,17 +105,9 @@ async def test_a_request_that_times_out_moves_on_but_leaves_a_peer_that_answers_
             await release.wait()
         return web.Response(status=404)
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get(BLOBS_PATH + "{digest}", slow_blob)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port(HOST)
-    await web.TCPSite(runner, HOST, port).start()
-    peer, me = f"{HOST}:{port}", "127.0.0.3:7070"
+    stack = contextlib.AsyncExitStack()
+    peer = await stack.enter_async_context(fake_peer(slow_blob, health=True))
+    me = "127.0.0.3:7070"
     membership = Membership(parse_peer_spec(f"{peer},{me}", 7070), ("127.0.0.3", 7070), environ={})
     await membership.load()
     timeouts = PeerTimeouts(idle_timeout=0.3, first_byte_timeout=0.3, deadline=1.0)
@@ -120,7 +127,7 @@ async def test_a_request_that_times_out_moves_on_but_leaves_a_peer_that_answers_
     finally:
         release.set()
         await client.close()
-        await runner.cleanup()
+        await stack.aclose()
 
 
 async def test_a_peer_fetching_for_the_asker_may_take_long_for_its_first_byte_but_not_to_pause_after_it():
@@ -142,13 +149,9 @@ async def test_a_peer_fetching_for_the_asker_may_take_long_for_its_first_byte_bu
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_get(BLOBS_PATH + "{digest}", blob)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port(HOST)
-    await web.TCPSite(runner, HOST, port).start()
-    peer, me = f"{HOST}:{port}", "127.0.0.3:7070"
+    stack = contextlib.AsyncExitStack()
+    peer = await stack.enter_async_context(fake_peer(blob))
+    me = "127.0.0.3:7070"
     client = PeerClient(PeerAuth(SECRET), lambda: me,
                         timeouts=PeerTimeouts(idle_timeout=0.5, first_byte_timeout=5.0, deadline=5.0))
 
@@ -166,7 +169,7 @@ async def test_a_peer_fetching_for_the_asker_may_take_long_for_its_first_byte_bu
         assert caught.value.kind == "timeout"
     finally:
         await client.close()
-        await runner.cleanup()
+        await stack.aclose()
 
 
 async def test_a_request_waiting_on_a_peer_ends_at_once_when_the_health_checks_find_it_down():
@@ -182,13 +185,9 @@ async def test_a_request_waiting_on_a_peer_ends_at_once_when_the_health_checks_f
             await release.wait()
         return web.Response(status=404)
 
-    app = web.Application()
-    app.router.add_get(BLOBS_PATH + "{digest}", frozen_blob)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port(HOST)
-    await web.TCPSite(runner, HOST, port).start()
-    peer, me = f"{HOST}:{port}", "127.0.0.3:7070"
+    stack = contextlib.AsyncExitStack()
+    peer = await stack.enter_async_context(fake_peer(frozen_blob))
+    me = "127.0.0.3:7070"
     membership = Membership(parse_peer_spec(f"{peer},{me}", 7070), ("127.0.0.3", 7070), environ={})
     await membership.load()
     client = PeerClient(PeerAuth(SECRET), lambda: me)  # the default waits: 60 s for a relay's first byte
@@ -211,7 +210,7 @@ async def test_a_request_waiting_on_a_peer_ends_at_once_when_the_health_checks_f
     finally:
         release.set()
         await client.close()
-        await runner.cleanup()
+        await stack.aclose()
 
 
 class _Recorder(RangeSink):
@@ -235,13 +234,9 @@ async def test_a_hold_request_takes_the_block_aligned_start_a_peer_holds_and_oth
     async def blob(request: web.Request) -> web.Response:
         return web.Response(body=bytes(range(256)) * 8)  # 2 KiB, whatever the range
 
-    app = web.Application()
-    app.router.add_get(BLOBS_PATH + "{digest}", blob)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port(HOST)
-    await web.TCPSite(runner, HOST, port).start()
-    peer, me = f"{HOST}:{port}", "127.0.0.3:7070"
+    stack = contextlib.AsyncExitStack()
+    peer = await stack.enter_async_context(fake_peer(blob))
+    me = "127.0.0.3:7070"
     client = PeerClient(PeerAuth(SECRET), lambda: me)
 
     def ask(mode: str, end: int = 4096) -> PeerRequest:  # blocks of 1 KiB; the peer sends 2 KiB
@@ -266,4 +261,4 @@ async def test_a_hold_request_takes_the_block_aligned_start_a_peer_holds_and_oth
         assert await client.read_into(peer, ask("hold", 2048), lambda: sink) == 2048 and sink.ended == "closed"
     finally:
         await client.close()
-        await runner.cleanup()
+        await stack.aclose()
