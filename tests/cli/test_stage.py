@@ -37,8 +37,8 @@ def stage_args(url, cache, *extra):
 
 
 def test_sigkill_at_random_points_then_restart_completes_without_refetching(http_origin, fault_proxy, tmp_path):
-    manifest = make_corpus(http_origin.root / "corpus", shards=40, tokens=160_000)  # ~13 MB, 5 blocks/shard
-    proxy = fault_proxy(http_origin, FaultPlan(bandwidth_bps=1_000_000))  # ~13 s for a full run: 20+ kills fit
+    manifest = make_corpus(http_origin.root / "corpus", shards=64, tokens=160_000)  # ~20 MB, 5 blocks/shard
+    proxy = fault_proxy(http_origin, FaultPlan(bandwidth_bps=1_000_000))  # ~20 s for a full run: 20+ kills fit
     url = f"{proxy.url}/corpus"
     rng = random.Random(20261129)
     kills = 0
