@@ -34,7 +34,14 @@ one decompressed shard) or cannot be written by this process, the
 decompressed form is made in memory instead, checked the same way, and the
 log says so.
 
-Blocking work (decompression, hashing, disk writes): callers run it on their
+A Parquet or Arrow token shard (codec ``parquet-tokens`` or ``arrow-tokens``,
+:mod:`stager.manifest.layouts.decoded`) goes the same way: its "decompressed
+form" is its token column decoded into flat tokens, which the iterator maps
+like a flat ``.bin``. Decoding costs more than decompressing and the decoded
+form of one file is small enough to hold, so it is decoded once, kept in
+memory for both passes, and let go when the blob is committed.
+
+Blocking work (decompression, decoding, hashing, disk writes): callers run it on their
 own threads (the iterator's reading thread), never on an event loop.
 """
 
@@ -47,9 +54,10 @@ from typing import Callable
 
 import xxhash
 
-from ..codecs import decompress
+from ..codecs import DECODED, decompress
 from ..errors import BlobTooLarge, CacheCorrupt, CacheError, CacheFull, CorruptData
 from ..hashing import block_count
+from ..manifest.layouts.decoded import decoded_tokens
 from .reader import VerifiedReads
 from .tier import CacheTier
 
@@ -71,6 +79,8 @@ class InflatedForm:
         size: the decompressed size.
         digest: the xxh3-128 of the decompressed bytes (its blob's name in the cache).
         block_size: the block size of its blob (the manifest's).
+        column: a decoded token shard's column (:data:`stager.codecs.DECODED`; None for the others).
+        dtype: a decoded token shard's dtype (the manifest's).
     """
 
     name: str
@@ -78,6 +88,8 @@ class InflatedForm:
     size: int
     digest: str
     block_size: int
+    column: str | None = None
+    dtype: str | None = None
 
 
 @dataclass
@@ -167,12 +179,12 @@ class Inflater:
                 raise CacheError(f"{form.name}: another process kept the lock of its decompressed form "
                                  f"{form.digest} for {self._lock_timeout:.0f} s")
         except CacheError as exc:
-            return self._in_memory(form, compressed(), f"its cache cannot be used ({exc})")
+            return self._in_memory(form, self._decoded(form, compressed()), f"its cache cannot be used ({exc})")
         try:
             path = self._complete_path(form.digest)
             if path.exists():
                 return path  # another process made it while this one waited
-            data = compressed()
+            data = self._decoded(form, compressed())
             blocks = self._block_digests(form, data)
             try:
                 handle = tier.begin(form.digest, form.size, form.block_size, blocks, protect=())
@@ -186,7 +198,28 @@ class Inflater:
         finally:
             lock.release()
 
-    def _pieces(self, form: InflatedForm, data: Bytes):
+    def _decoded(self, form: InflatedForm, data: Bytes) -> Bytes | "_Decoded":
+        """A token shard's decoded form, decoded once for both passes; other shards' bytes as they are."""
+        if form.codec not in DECODED:
+            return data
+        produced, pieces = 0, []
+        for values in decoded_tokens(form.codec, data, form.name, form.column or "", form.dtype):
+            produced += values.nbytes
+            if produced > form.size:
+                raise CorruptData(f"{form.name}: its token column decodes to more than the {form.size} bytes "
+                                  f"the manifest says")
+            pieces.append(memoryview(values).cast("B"))
+        if produced != form.size:
+            raise CorruptData(f"{form.name}: its token column decodes to {produced} bytes, the manifest says "
+                              f"{form.size}")
+        return _Decoded(pieces)
+
+    def _pieces(self, form: InflatedForm, data: "Bytes | _Decoded"):
+        if isinstance(data, _Decoded):  # checked to add up to the size already: in pieces of a block at most
+            for whole in data.pieces:
+                for start in range(0, len(whole), form.block_size):
+                    yield whole[start:start + form.block_size]
+            return
         try:
             yield from decompress(form.codec, data, form.size, piece=form.block_size)
         except ValueError as exc:
@@ -243,6 +276,13 @@ class Inflater:
                               f"{xxhash.xxh3_128_hexdigest(out)}, the manifest says {form.digest}")
         self.stats.in_memory += 1
         return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """A token shard's decoded form in memory: its flat tokens' bytes, a chunk per piece."""
+
+    pieces: list[memoryview]
 
 
 __all__ = ["InflateStats", "InflatedForm", "Inflater"]

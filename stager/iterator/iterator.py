@@ -328,7 +328,7 @@ class TokenIterator:
         m = self.manifest
         name = m.paths[shard]
         reader = reader_for(name, token_column=self.config.token_column, layout=m.layouts[shard],
-                            column=m.columns[shard])
+                            column=m.columns[shard], codec=m.codecs[shard])
         if m.codecs[shard] is not None:  # compressed: its decompressed form is what the reader opens
             return reader.open(self._inflated(link, shard, position), name, m.dtypes[shard], int(m.tokens[shard]))
         complete = self._block_reads().complete(m.digest(shard))
@@ -370,7 +370,7 @@ class TokenIterator:
         m = self.manifest
         name = m.paths[shard]
         form = InflatedForm(f"{self.source.url}/{name}", m.codecs[shard], int(m.raw_sizes[shard]),
-                            m.raw_digest(shard), m.block_size)
+                            m.raw_digest(shard), m.block_size, m.columns[shard], m.dtypes[shard])
 
         staged = []  # whether the compressed blob had to be asked for (its decompressed form was not there)
 
