@@ -41,6 +41,13 @@ like a flat ``.bin``. Decoding costs more than decompressing and the decoded
 form of one file is small enough to hold, so it is decoded once, kept in
 memory for both passes, and let go when the blob is committed.
 
+Making one ahead (:meth:`Inflater.prepare`): the iterator asks for the
+decompressed forms of the next window's shards whose blobs are staged
+already, so the first read of a shard does not wait for its decompression,
+hashing, write and fsync on a cold start; each is made on a thread of its
+own, and :meth:`Inflater.open` waits for one being made instead of making it
+again. One that fails ahead is made again by ``open``, which reports why.
+
 Blocking work (decompression, decoding, hashing, disk writes): callers run it on their
 own threads (the iterator's reading thread), never on an event loop.
 """
@@ -48,9 +55,11 @@ own threads (the iterator's reading thread), never on an event loop.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import xxhash
 
@@ -63,6 +72,7 @@ from .tier import CacheTier
 
 log = logging.getLogger(__name__)
 
+AHEAD_WAIT = 600.0  # seconds open waits for a decompressed form being made ahead before making it itself
 LOCK_TIMEOUT = 600.0  # seconds to wait for another process decompressing the same shard
 ATTEMPTS = 3  # makes of one decompressed form (evicted or found bad right after) before giving up
 
@@ -100,6 +110,16 @@ class InflateStats:
     reused: int = 0  # found in the cache
     remade: int = 0  # found bad on the disk (dropped), or evicted before it was mapped, and made again
     in_memory: int = 0  # decompressed into memory: no room for it in the cache, or the cache is read-only
+    ahead: int = 0  # asked for ahead of its first read (prepare), and had so when it was read
+
+
+@dataclass
+class _Ahead:
+    """A decompressed form being made ahead, on its own thread."""
+
+    pid: int
+    done: threading.Event = field(default_factory=threading.Event)
+    data: "Bytes | None" = None  # set when made; None when it failed (open makes it again)
 
 
 class Inflater:
@@ -118,6 +138,39 @@ class Inflater:
         self._reads = reads
         self._lock_timeout = lock_timeout
         self.stats = InflateStats()
+        self._ahead: dict[str, _Ahead] = {}
+        self._ahead_lock = threading.Lock()
+
+    def prepare(self, wanted: "Sequence[tuple[InflatedForm, Callable[[], Bytes]]]") -> None:
+        """Start making each form of ``wanted`` on a thread of its own, unless it is in the cache or being
+        made already; forms made ahead before and never opened since are let go.
+
+        Args:
+            wanted: (form, compressed) pairs: what the manifest says of a decompressed form, and the
+                shard's compressed bytes, verified (its blob should be staged already: the thread waits
+                for nothing else). Whatever it or the making raises is logged and dropped: :meth:`open`
+                makes the form again and raises it there.
+        """
+        pid = os.getpid()
+        digests = {form.digest for form, _ in wanted}
+        with self._ahead_lock:
+            for digest in [d for d, slot in self._ahead.items()
+                           if slot.pid != pid or (slot.done.is_set() and d not in digests)]:
+                del self._ahead[digest]  # stale (never opened), or a parent process's
+            for form, compressed in wanted:
+                if form.digest in self._ahead or self._complete_path(form.digest).exists():
+                    continue
+                slot = self._ahead[form.digest] = _Ahead(pid)
+                threading.Thread(target=self._make_ahead, args=(slot, form, compressed),
+                                 name="stager-inflate-ahead", daemon=True).start()
+
+    def _make_ahead(self, slot: _Ahead, form: InflatedForm, compressed: Callable[[], Bytes]) -> None:
+        try:
+            slot.data = self._open(form, compressed)
+        except Exception as exc:  # noqa: BLE001 - reported by open(), which makes it again
+            log.debug("%s: its decompressed form could not be made ahead: %s", form.name, exc)
+        finally:
+            slot.done.set()
 
     def open(self, form: InflatedForm, compressed: Callable[[], Bytes]) -> Bytes:
         """The verified decompressed bytes of a compressed shard: a read-only map of its cache file.
@@ -133,6 +186,19 @@ class Inflater:
                 the cache's lock or files cannot be used.
             whatever ``compressed`` raises.
         """
+        with self._ahead_lock:
+            slot = self._ahead.get(form.digest)
+        if slot is not None and slot.pid == os.getpid():
+            slot.done.wait(AHEAD_WAIT)
+            with self._ahead_lock:
+                if self._ahead.get(form.digest) is slot and slot.done.is_set():
+                    del self._ahead[form.digest]
+            if slot.data is not None:
+                self.stats.ahead += 1
+                return slot.data
+        return self._open(form, compressed)
+
+    def _open(self, form: InflatedForm, compressed: Callable[[], Bytes]) -> Bytes:
         for _ in range(ATTEMPTS):
             path = self._complete_path(form.digest)
             if path.exists():

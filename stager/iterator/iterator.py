@@ -304,7 +304,23 @@ class TokenIterator:
         for position in range(start, stop):
             shard = int(shards[position])
             arrays[shard] = self._open(link, shard, position)
+        if stop < len(windows):  # this consumer's next window
+            self._inflate_ahead(shards[stop:int(np.searchsorted(windows, windows[stop], side="right"))])
         return window
+
+    def _inflate_ahead(self, shards: np.ndarray) -> None:
+        """Start making the decompressed forms of the next window's compressed shards whose blobs are
+        staged (:meth:`Inflater.prepare`): their first read then waits for none of that work."""
+        m = self.manifest
+        wanted = []
+        for shard in (int(s) for s in shards if m.codecs[int(s)] is not None):
+            complete = self._block_reads().complete(m.digest(shard))
+            if complete is not None:
+                wanted.append((self._inflated_form(shard),
+                               lambda complete=complete, shard=shard: self._map_checked(complete, shard)))
+        if wanted:
+            self._cache_view()  # opened here, not by two threads at once
+            self._inflater_of().prepare(wanted)
 
     # -- staging -----------------------------------------------------------------------------
 
@@ -369,8 +385,7 @@ class TokenIterator:
         blob (:mod:`stager.cache.inflate`), checked against the manifest's ``raw_digest``, mapped."""
         m = self.manifest
         name = m.paths[shard]
-        form = InflatedForm(f"{self.source.url}/{name}", m.codecs[shard], int(m.raw_sizes[shard]),
-                            m.raw_digest(shard), m.block_size, m.columns[shard], m.dtypes[shard])
+        form = self._inflated_form(shard)
 
         staged = []  # whether the compressed blob had to be asked for (its decompressed form was not there)
 
@@ -393,12 +408,20 @@ class TokenIterator:
                 self._stats.refetches += 1
                 return self._map_checked(self._ready(link, position, name), shard)
 
-        if self._inflater is None:
-            self._inflater = Inflater(self._cache_view, self._cache_layout.complete_path, self._verified_reads())
-        data = self._inflater.open(form, compressed)
+        data = self._inflater_of().open(form, compressed)
         if not staged:
             self._stats.opened(True, 0.0)  # its decompressed form was in the cache: read without the engine
         return data
+
+    def _inflated_form(self, shard: int) -> InflatedForm:
+        m = self.manifest
+        return InflatedForm(f"{self.source.url}/{m.paths[shard]}", m.codecs[shard], int(m.raw_sizes[shard]),
+                            m.raw_digest(shard), m.block_size, m.columns[shard], m.dtypes[shard])
+
+    def _inflater_of(self) -> Inflater:
+        if self._inflater is None:
+            self._inflater = Inflater(self._cache_view, self._cache_layout.complete_path, self._verified_reads())
+        return self._inflater
 
     def _map_checked(self, path: Path, shard: int) -> memoryview | bytes:
         """The complete cache file of ``shard`` mapped, its bytes checked against the blob digest the

@@ -168,3 +168,31 @@ def test_a_parquet_token_column_is_decoded_once_into_flat_tokens_and_wrong_ones_
         with pytest.raises(CorruptData, match="ds/train-0.parquet: cannot read column 'input_ids'"):
             inflater(tier).open(decoded, lambda: packed[: len(packed) // 2])
         assert tier.usage().complete + tier.usage().partial == 0
+
+
+def test_a_form_made_ahead_is_what_open_returns_and_one_that_failed_ahead_is_made_again(tmp_path):
+    data, other = raw_bytes(), raw_bytes(3 * BLOCK)
+    packed, packed_other = compress("zstd", data), compress("zstd", other)
+    calls = []
+    gate = threading.Event()
+
+    def slow():
+        calls.append("ahead")
+        assert gate.wait(10)
+        return packed
+
+    def failing():
+        calls.append("failed ahead")
+        raise OSError("gone")
+
+    with CacheTier(config(tmp_path / "cache", 1 << 20)) as tier:
+        made = inflater(tier)
+        made.prepare([(form(data), slow), (form(other), failing)])
+        made.prepare([(form(data), slow)])  # being made already: not a second time
+        threading.Timer(0.2, gate.set).start()
+        assert bytes(made.open(form(data), lambda: calls.append("open") or packed)) == data  # waited for it
+        assert bytes(made.open(form(other), lambda: calls.append("open") or packed_other)) == other
+        assert sorted(calls) == ["ahead", "failed ahead", "open"] and calls[-1] == "open"
+        assert (made.stats.ahead, made.stats.made) == (1, 2)
+        made.prepare([(form(data), slow)])  # in the cache already: nothing to make
+        assert len(calls) == 3
