@@ -26,6 +26,7 @@ naming the shard, and no sample is made up.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import weakref
@@ -305,19 +306,25 @@ class TokenIterator:
             shard = int(shards[position])
             arrays[shard] = self._open(link, shard, position)
         if stop < len(windows):  # this consumer's next window
-            self._inflate_ahead(shards[stop:int(np.searchsorted(windows, windows[stop], side="right"))])
+            end = int(np.searchsorted(windows, windows[stop], side="right"))
+            self._inflate_ahead(link, shards, range(stop, end))
         return window
 
-    def _inflate_ahead(self, shards: np.ndarray) -> None:
-        """Start making the decompressed forms of the next window's compressed shards whose blobs are
-        staged (:meth:`Inflater.prepare`): their first read then waits for none of that work."""
+    def _inflate_ahead(self, link: StagingLink, shards: np.ndarray, positions: range) -> None:
+        """Start making the decompressed forms of the next window's compressed shards, each as soon as
+        its blob is staged (:meth:`Inflater.prepare`): their first read then waits for none of that work."""
         m = self.manifest
-        wanted = []
-        for shard in (int(s) for s in shards if m.codecs[int(s)] is not None):
+
+        def compressed(shard: int, position: int) -> memoryview | bytes:
             complete = self._block_reads().complete(m.digest(shard))
-            if complete is not None:
-                wanted.append((self._inflated_form(shard),
-                               lambda complete=complete, shard=shard: self._map_checked(complete, shard)))
+            if complete is None:
+                complete = link.ready(position)
+                if complete.name != m.digest(shard):  # blob files are named by their digest
+                    raise CacheError(f"plan position {position} is another blob now (a new plan)")
+            return self._map_checked(complete, shard)
+
+        wanted = [(self._inflated_form(shard), functools.partial(compressed, shard, position))
+                  for shard, position in ((int(shards[p]), p) for p in positions) if m.codecs[shard] is not None]
         if wanted:
             self._cache_view()  # opened here, not by two threads at once
             self._inflater_of().prepare(wanted)

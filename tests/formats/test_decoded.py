@@ -129,3 +129,20 @@ def test_a_decoded_form_changed_on_the_cache_disk_is_dropped_and_decoded_again(t
     assert_every_sample_once(epoch(data, cache, SEQ, epoch_number=1), native)
     assert victim.read_bytes() == good
 
+
+
+def test_the_next_windows_decoded_forms_are_made_ahead_of_their_first_read(tmp_path, capsys):
+    from stager.iterator import TokenIterator
+
+    from .golden import FETCH
+
+    data = tmp_path / "data"
+    streams = write_parquet(data)
+    index(data, capsys)
+    # One shard a window: each window's shard is decoded while the one before it is read.
+    with TokenIterator(str(data), seq_len=SEQ, seed=3, shuffle_window=1, cache_dir=tmp_path / "cache",
+                       capacity=1 << 30, fetch=FETCH, log_every=0, session="embedded") as it:
+        samples = [np.array(s) for s in it]
+        stats = it._inflater.stats
+    assert_every_sample_once(samples, windows(streams))
+    assert (stats.made, stats.ahead) == (3, 2)  # the first window's was made at its read, the others ahead
