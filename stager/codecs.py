@@ -21,6 +21,13 @@ their decompressed form is not the chunk's own bytes but what stager's LitData r
 one leaf, its tokens, back to back), see :func:`unframe`. Every offset, frame and size word is checked
 against the file on the way, frame by frame, so a truncated chunk or a frame table that disagrees is
 refused, never read past.
+
+Two more names a manifest's ``codec`` may say, :data:`DECODED`: ``parquet-tokens`` and ``arrow-tokens``,
+a Parquet file's or an Arrow IPC stream's token column decoded into the flat token stream the flat
+reader maps (the values of every row in order, little-endian, of the manifest's dtype). They are no
+compression of the file's bytes but the same mechanism (decoded once into the cache, checked against the
+manifest's ``raw_digest``); the decoding needs the token column's rules, so it lives with them
+(:mod:`stager.manifest.layouts.decoded`), and :func:`decompress` refuses them.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ FRAMED = {"batch": "zstd-batch", "sample": "zstd-sample"}
 #: the level).
 CODECS = {"zstd": "zstd", "gz": "gzip", "gzip": "gzip", "bz2": "bz2", "br": "brotli", "brotli": "brotli",
           "snappy": "snappy", **{name: "zstd" for name in FRAMED.values()}}
+#: A Parquet or Arrow token column decoded into flat tokens: the manifest's codec -> the layout it decodes.
+DECODED = {"parquet-tokens": "parquet", "arrow-tokens": "arrow"}
 STREAMING = frozenset({"zstd", "gzip", "bz2", "brotli"})
 PIECE = 4 << 20  # decompressed bytes per piece
 
@@ -68,6 +77,9 @@ def decompress(codec: str, data: bytes | memoryview, size: int, piece: int = PIE
     Raises:
         ValueError: the stream is truncated or corrupt, or holds more or fewer than ``size`` bytes.
     """
+    if codec in DECODED:
+        raise ValueError(f"{codec} is decoded with its token column's rules (stager.manifest.layouts.decoded), "
+                         f"not decompressed")
     if codec in FRAMED.values():
         yield from _sized(unframe(codec, data, size), size, piece)
         return
@@ -285,4 +297,4 @@ def _inflate_one(frame: memoryview, n: int, limit: int | None, size: int | None 
     return raw
 
 
-__all__ = ["CODECS", "FRAMED", "codec_name", "decompress", "unframe"]
+__all__ = ["CODECS", "DECODED", "FRAMED", "codec_name", "decompress", "unframe"]

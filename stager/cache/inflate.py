@@ -34,27 +34,45 @@ one decompressed shard) or cannot be written by this process, the
 decompressed form is made in memory instead, checked the same way, and the
 log says so.
 
-Blocking work (decompression, hashing, disk writes): callers run it on their
+A Parquet or Arrow token shard (codec ``parquet-tokens`` or ``arrow-tokens``,
+:mod:`stager.manifest.layouts.decoded`) goes the same way: its "decompressed
+form" is its token column decoded into flat tokens, which the iterator maps
+like a flat ``.bin``. Decoding costs more than decompressing and the decoded
+form of one file is small enough to hold, so it is decoded once, kept in
+memory for both passes, and let go when the blob is committed.
+
+Making one ahead (:meth:`Inflater.prepare`): the iterator asks for the
+decompressed forms of the next window's shards whose blobs are staged
+already, so the first read of a shard does not wait for its decompression,
+hashing, write and fsync on a cold start; each is made on a thread of its
+own, and :meth:`Inflater.open` waits for one being made instead of making it
+again. One that fails ahead is made again by ``open``, which reports why.
+
+Blocking work (decompression, decoding, hashing, disk writes): callers run it on their
 own threads (the iterator's reading thread), never on an event loop.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import xxhash
 
-from ..codecs import decompress
+from ..codecs import DECODED, decompress
 from ..errors import BlobTooLarge, CacheCorrupt, CacheError, CacheFull, CorruptData
 from ..hashing import block_count
+from ..manifest.layouts.decoded import decoded_tokens
 from .reader import VerifiedReads
 from .tier import CacheTier
 
 log = logging.getLogger(__name__)
 
+AHEAD_WAIT = 600.0  # seconds open waits for a decompressed form being made ahead before making it itself
 LOCK_TIMEOUT = 600.0  # seconds to wait for another process decompressing the same shard
 ATTEMPTS = 3  # makes of one decompressed form (evicted or found bad right after) before giving up
 
@@ -71,6 +89,8 @@ class InflatedForm:
         size: the decompressed size.
         digest: the xxh3-128 of the decompressed bytes (its blob's name in the cache).
         block_size: the block size of its blob (the manifest's).
+        column: a decoded token shard's column (:data:`stager.codecs.DECODED`; None for the others).
+        dtype: a decoded token shard's dtype (the manifest's).
     """
 
     name: str
@@ -78,6 +98,8 @@ class InflatedForm:
     size: int
     digest: str
     block_size: int
+    column: str | None = None
+    dtype: str | None = None
 
 
 @dataclass
@@ -88,6 +110,16 @@ class InflateStats:
     reused: int = 0  # found in the cache
     remade: int = 0  # found bad on the disk (dropped), or evicted before it was mapped, and made again
     in_memory: int = 0  # decompressed into memory: no room for it in the cache, or the cache is read-only
+    ahead: int = 0  # asked for ahead of its first read (prepare), and had so when it was read
+
+
+@dataclass
+class _Ahead:
+    """A decompressed form being made ahead, on its own thread."""
+
+    pid: int
+    done: threading.Event = field(default_factory=threading.Event)
+    data: "Bytes | None" = None  # set when made; None when it failed (open makes it again)
 
 
 class Inflater:
@@ -106,6 +138,39 @@ class Inflater:
         self._reads = reads
         self._lock_timeout = lock_timeout
         self.stats = InflateStats()
+        self._ahead: dict[str, _Ahead] = {}
+        self._ahead_lock = threading.Lock()
+
+    def prepare(self, wanted: "Sequence[tuple[InflatedForm, Callable[[], Bytes]]]") -> None:
+        """Start making each form of ``wanted`` on a thread of its own, unless it is in the cache or being
+        made already; forms made ahead before and never opened since are let go.
+
+        Args:
+            wanted: (form, compressed) pairs: what the manifest says of a decompressed form, and the
+                shard's compressed bytes, verified (its blob should be staged already: the thread waits
+                for nothing else). Whatever it or the making raises is logged and dropped: :meth:`open`
+                makes the form again and raises it there.
+        """
+        pid = os.getpid()
+        digests = {form.digest for form, _ in wanted}
+        with self._ahead_lock:
+            for digest in [d for d, slot in self._ahead.items()
+                           if slot.pid != pid or (slot.done.is_set() and d not in digests)]:
+                del self._ahead[digest]  # stale (never opened), or a parent process's
+            for form, compressed in wanted:
+                if form.digest in self._ahead or self._complete_path(form.digest).exists():
+                    continue
+                slot = self._ahead[form.digest] = _Ahead(pid)
+                threading.Thread(target=self._make_ahead, args=(slot, form, compressed),
+                                 name="stager-inflate-ahead", daemon=True).start()
+
+    def _make_ahead(self, slot: _Ahead, form: InflatedForm, compressed: Callable[[], Bytes]) -> None:
+        try:
+            slot.data = self._open(form, compressed)
+        except Exception as exc:  # noqa: BLE001 - reported by open(), which makes it again
+            log.debug("%s: its decompressed form could not be made ahead: %s", form.name, exc)
+        finally:
+            slot.done.set()
 
     def open(self, form: InflatedForm, compressed: Callable[[], Bytes]) -> Bytes:
         """The verified decompressed bytes of a compressed shard: a read-only map of its cache file.
@@ -121,6 +186,19 @@ class Inflater:
                 the cache's lock or files cannot be used.
             whatever ``compressed`` raises.
         """
+        with self._ahead_lock:
+            slot = self._ahead.get(form.digest)
+        if slot is not None and slot.pid == os.getpid():
+            slot.done.wait(AHEAD_WAIT)
+            with self._ahead_lock:
+                if self._ahead.get(form.digest) is slot and slot.done.is_set():
+                    del self._ahead[form.digest]
+            if slot.data is not None:
+                self.stats.ahead += 1
+                return slot.data
+        return self._open(form, compressed)
+
+    def _open(self, form: InflatedForm, compressed: Callable[[], Bytes]) -> Bytes:
         for _ in range(ATTEMPTS):
             path = self._complete_path(form.digest)
             if path.exists():
@@ -167,12 +245,12 @@ class Inflater:
                 raise CacheError(f"{form.name}: another process kept the lock of its decompressed form "
                                  f"{form.digest} for {self._lock_timeout:.0f} s")
         except CacheError as exc:
-            return self._in_memory(form, compressed(), f"its cache cannot be used ({exc})")
+            return self._in_memory(form, self._decoded(form, compressed()), f"its cache cannot be used ({exc})")
         try:
             path = self._complete_path(form.digest)
             if path.exists():
                 return path  # another process made it while this one waited
-            data = compressed()
+            data = self._decoded(form, compressed())
             blocks = self._block_digests(form, data)
             try:
                 handle = tier.begin(form.digest, form.size, form.block_size, blocks, protect=())
@@ -186,7 +264,28 @@ class Inflater:
         finally:
             lock.release()
 
-    def _pieces(self, form: InflatedForm, data: Bytes):
+    def _decoded(self, form: InflatedForm, data: Bytes) -> Bytes | "_Decoded":
+        """A token shard's decoded form, decoded once for both passes; other shards' bytes as they are."""
+        if form.codec not in DECODED:
+            return data
+        produced, pieces = 0, []
+        for values in decoded_tokens(form.codec, data, form.name, form.column or "", form.dtype):
+            produced += values.nbytes
+            if produced > form.size:
+                raise CorruptData(f"{form.name}: its token column decodes to more than the {form.size} bytes "
+                                  f"the manifest says")
+            pieces.append(memoryview(values).cast("B"))
+        if produced != form.size:
+            raise CorruptData(f"{form.name}: its token column decodes to {produced} bytes, the manifest says "
+                              f"{form.size}")
+        return _Decoded(pieces)
+
+    def _pieces(self, form: InflatedForm, data: "Bytes | _Decoded"):
+        if isinstance(data, _Decoded):  # checked to add up to the size already: in pieces of a block at most
+            for whole in data.pieces:
+                for start in range(0, len(whole), form.block_size):
+                    yield whole[start:start + form.block_size]
+            return
         try:
             yield from decompress(form.codec, data, form.size, piece=form.block_size)
         except ValueError as exc:
@@ -243,6 +342,13 @@ class Inflater:
                               f"{xxhash.xxh3_128_hexdigest(out)}, the manifest says {form.digest}")
         self.stats.in_memory += 1
         return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """A token shard's decoded form in memory: its flat tokens' bytes, a chunk per piece."""
+
+    pieces: list[memoryview]
 
 
 __all__ = ["InflateStats", "InflatedForm", "Inflater"]

@@ -26,6 +26,7 @@ naming the shard, and no sample is made up.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import weakref
@@ -304,7 +305,29 @@ class TokenIterator:
         for position in range(start, stop):
             shard = int(shards[position])
             arrays[shard] = self._open(link, shard, position)
+        if stop < len(windows):  # this consumer's next window
+            end = int(np.searchsorted(windows, windows[stop], side="right"))
+            self._inflate_ahead(link, shards, range(stop, end))
         return window
+
+    def _inflate_ahead(self, link: StagingLink, shards: np.ndarray, positions: range) -> None:
+        """Start making the decompressed forms of the next window's compressed shards, each as soon as
+        its blob is staged (:meth:`Inflater.prepare`): their first read then waits for none of that work."""
+        m = self.manifest
+
+        def compressed(shard: int, position: int) -> memoryview | bytes:
+            complete = self._block_reads().complete(m.digest(shard))
+            if complete is None:
+                complete = link.ready(position)
+                if complete.name != m.digest(shard):  # blob files are named by their digest
+                    raise CacheError(f"plan position {position} is another blob now (a new plan)")
+            return self._map_checked(complete, shard)
+
+        wanted = [(self._inflated_form(shard), functools.partial(compressed, shard, position))
+                  for shard, position in ((int(shards[p]), p) for p in positions) if m.codecs[shard] is not None]
+        if wanted:
+            self._cache_view()  # opened here, not by two threads at once
+            self._inflater_of().prepare(wanted)
 
     # -- staging -----------------------------------------------------------------------------
 
@@ -328,7 +351,7 @@ class TokenIterator:
         m = self.manifest
         name = m.paths[shard]
         reader = reader_for(name, token_column=self.config.token_column, layout=m.layouts[shard],
-                            column=m.columns[shard])
+                            column=m.columns[shard], codec=m.codecs[shard])
         if m.codecs[shard] is not None:  # compressed: its decompressed form is what the reader opens
             return reader.open(self._inflated(link, shard, position), name, m.dtypes[shard], int(m.tokens[shard]))
         complete = self._block_reads().complete(m.digest(shard))
@@ -369,8 +392,7 @@ class TokenIterator:
         blob (:mod:`stager.cache.inflate`), checked against the manifest's ``raw_digest``, mapped."""
         m = self.manifest
         name = m.paths[shard]
-        form = InflatedForm(f"{self.source.url}/{name}", m.codecs[shard], int(m.raw_sizes[shard]),
-                            m.raw_digest(shard), m.block_size)
+        form = self._inflated_form(shard)
 
         staged = []  # whether the compressed blob had to be asked for (its decompressed form was not there)
 
@@ -393,12 +415,20 @@ class TokenIterator:
                 self._stats.refetches += 1
                 return self._map_checked(self._ready(link, position, name), shard)
 
-        if self._inflater is None:
-            self._inflater = Inflater(self._cache_view, self._cache_layout.complete_path, self._verified_reads())
-        data = self._inflater.open(form, compressed)
+        data = self._inflater_of().open(form, compressed)
         if not staged:
             self._stats.opened(True, 0.0)  # its decompressed form was in the cache: read without the engine
         return data
+
+    def _inflated_form(self, shard: int) -> InflatedForm:
+        m = self.manifest
+        return InflatedForm(f"{self.source.url}/{m.paths[shard]}", m.codecs[shard], int(m.raw_sizes[shard]),
+                            m.raw_digest(shard), m.block_size, m.columns[shard], m.dtypes[shard])
+
+    def _inflater_of(self) -> Inflater:
+        if self._inflater is None:
+            self._inflater = Inflater(self._cache_view, self._cache_layout.complete_path, self._verified_reads())
+        return self._inflater
 
     def _map_checked(self, path: Path, shard: int) -> memoryview | bytes:
         """The complete cache file of ``shard`` mapped, its bytes checked against the blob digest the

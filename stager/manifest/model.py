@@ -14,10 +14,12 @@ tokens    int64, nullable           token count for token shards
 mtime     float64, nullable         seconds since the epoch, from the origin
 layout    string, optional          how a token shard is read (:data:`LAYOUTS`)
 column    string, optional          the token column of Parquet / Arrow shards
-codec     string, optional          a compressed shard's codec (:data:`CODECS`)
-raw_size  int64, optional           a compressed shard's decompressed size
-raw_digest fixed_size_binary(16),   xxh3-128 of a compressed shard's decompressed bytes
-          optional
+codec     string, optional          a compressed shard's codec (:data:`CODECS`), or how its
+                                    token column is decoded (``parquet-tokens``, ``arrow-tokens``)
+raw_size  int64, optional           a compressed shard's decompressed size (a decoded one's: its
+                                    flat tokens' bytes)
+raw_digest fixed_size_binary(16),   xxh3-128 of a compressed shard's decompressed bytes (a
+          optional                  decoded one's flat tokens)
 ========  ========================  ==============================================
 
 ``layout`` and ``column`` are optional: a manifest written before they existed
@@ -37,7 +39,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..codecs import CODECS as CODEC_NAMES
+from ..codecs import CODECS as CODEC_NAMES, DECODED
 from ..config import DEFAULT_BLOCK_SIZE
 
 #: The format stager writes: version 2 carries its own digest (see :mod:`.seal`).
@@ -69,8 +71,9 @@ OPTIONAL_FIELDS = (
 #: What the ``layout`` column may say: the format the iterator reads a token shard as.
 LAYOUTS = frozenset({"flat", "npy", "parquet", "arrow", "megatron", "litdata", "mds"})
 #: What the ``codec`` column may say: the codecs stager decompresses, by the layouts' own names (and
-#: ``zstd-batch``, ``zstd-sample``: LitData's zstd frames inside a chunk).
-CODECS = frozenset(CODEC_NAMES)
+#: ``zstd-batch``, ``zstd-sample``: LitData's zstd frames inside a chunk; ``parquet-tokens``,
+#: ``arrow-tokens``: a token column decoded into flat tokens).
+CODECS = frozenset(CODEC_NAMES) | frozenset(DECODED)
 
 
 def attach_optional(table: pa.Table, source: pa.Table) -> pa.Table:

@@ -124,3 +124,75 @@ def test_concurrent_consumers_decompress_once_and_all_read_the_same_bytes(tmp_pa
             t.join(timeout=30)
         assert not errors and len(results) == 4 and all(r == data for r in results)
         assert calls == [1]  # one decompressed; the others waited on the blob's lock and mapped its file
+
+
+def parquet_file(tokens: np.ndarray, rows: int = 7) -> bytes:
+    import pyarrow.parquet as pq
+
+    docs = np.array_split(tokens, rows)
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"input_ids": pa.array([d.tolist() for d in docs], pa.list_(pa.int32()))}), sink,
+                   row_group_size=2)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_parquet_token_column_is_decoded_once_into_flat_tokens_and_wrong_ones_are_refused(tmp_path):
+    tokens = np.random.default_rng(9).integers(0, 1 << 20, 3 * BLOCK, dtype=np.int32)
+    packed = parquet_file(tokens)
+    decoded = form(tokens.astype("<i4").tobytes(), "parquet-tokens", name="ds/train-0.parquet", column="input_ids",
+                   dtype="int32")
+    calls = []
+    with CacheTier(config(tmp_path / "cache", 1 << 20)) as tier:
+        made = inflater(tier)
+        out = made.open(decoded, lambda: calls.append(1) or packed)
+        assert np.array_equal(np.frombuffer(out, "<i4"), tokens) and made.stats.made == 1
+        assert tier.record(decoded.digest).state is BlobState.COMPLETE
+        assert bytes(inflater(tier).open(decoded, lambda: calls.append(2) or packed)) == tokens.tobytes()
+        assert calls == [1]
+    with CacheTier(config(tmp_path / "other", 1 << 20)) as tier:
+        with pytest.raises(CorruptData, match="ds/train-0.parquet: decompresses to bytes whose xxh3-128"):
+            inflater(tier).open(form(tokens.tobytes(), "parquet-tokens", name="ds/train-0.parquet", column="input_ids",
+                                     dtype="int32", digest=xxhash.xxh3_128_hexdigest(b"other")), lambda: packed)
+        with pytest.raises(CorruptData, match="ds/train-0.parquet: its token column decodes to more than the 196604 "
+                                              "bytes the manifest says"):
+            inflater(tier).open(form(tokens.tobytes()[:-4], "parquet-tokens", name="ds/train-0.parquet",
+                                     column="input_ids", dtype="int32"), lambda: packed)
+        with pytest.raises(CorruptData, match="ds/train-0.parquet: its token column decodes to 196608 bytes, the "
+                                              "manifest says 196612"):
+            inflater(tier).open(form(tokens.tobytes() + b"\0" * 4, "parquet-tokens", name="ds/train-0.parquet",
+                                     column="input_ids", dtype="int32"), lambda: packed)
+        with pytest.raises(CorruptData, match="ds/train-0.parquet: column 'input_ids' holds int32 tokens, the "
+                                              "manifest says int64"):
+            inflater(tier).open(form(tokens.tobytes(), "parquet-tokens", name="ds/train-0.parquet", column="input_ids",
+                                     dtype="int64"), lambda: packed)
+        with pytest.raises(CorruptData, match="ds/train-0.parquet: cannot read column 'input_ids'"):
+            inflater(tier).open(decoded, lambda: packed[: len(packed) // 2])
+        assert tier.usage().complete + tier.usage().partial == 0
+
+
+def test_a_form_made_ahead_is_what_open_returns_and_one_that_failed_ahead_is_made_again(tmp_path):
+    data, other = raw_bytes(), raw_bytes(3 * BLOCK)
+    packed, packed_other = compress("zstd", data), compress("zstd", other)
+    calls = []
+    gate = threading.Event()
+
+    def slow():
+        calls.append("ahead")
+        assert gate.wait(10)
+        return packed
+
+    def failing():
+        calls.append("failed ahead")
+        raise OSError("gone")
+
+    with CacheTier(config(tmp_path / "cache", 1 << 20)) as tier:
+        made = inflater(tier)
+        made.prepare([(form(data), slow), (form(other), failing)])
+        made.prepare([(form(data), slow)])  # being made already: not a second time
+        threading.Timer(0.2, gate.set).start()
+        assert bytes(made.open(form(data), lambda: calls.append("open") or packed)) == data  # waited for it
+        assert bytes(made.open(form(other), lambda: calls.append("open") or packed_other)) == other
+        assert sorted(calls) == ["ahead", "failed ahead", "open"] and calls[-1] == "open"
+        assert (made.stats.ahead, made.stats.made) == (1, 2)
+        made.prepare([(form(data), slow)])  # in the cache already: nothing to make
+        assert len(calls) == 3

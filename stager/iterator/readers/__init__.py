@@ -18,7 +18,10 @@ Readers only ever get a complete cache file (what a plan's ``ready``
 returns), never a partial one, as the memory map the iterator checked against
 the blob's digest before handing it over (:mod:`stager.cache.reader`). For a compressed shard (the
 manifest's ``codec``) the reader gets its decompressed form instead, made once into the cache and
-checked against the manifest's ``raw_digest`` (:mod:`stager.cache.inflate`). A new format is a new module
+checked against the manifest's ``raw_digest`` (:mod:`stager.cache.inflate`). A Parquet or Arrow shard
+whose manifest names a decoding (``parquet-tokens``, ``arrow-tokens``) is read the same way, its decoded
+form being flat tokens: :class:`~.flat.FlatReader` maps it (:mod:`stager.manifest.layouts.decoded`); a
+manifest without one keeps the column readers above. A new format is a new module
 with a :class:`ShardReader` and a line in :func:`reader_for`.
 """
 
@@ -31,11 +34,12 @@ from .litdata import LitDataReader
 from .mds import MdsReader
 from .npy import NpyReader
 from .parquet import ParquetReader
+from ...codecs import DECODED
 from ...errors import ConfigError
 
 
 def reader_for(name: str, *, token_column: str = "tokens", layout: str | None = None,
-               column: str | None = None) -> ShardReader:
+               column: str | None = None, codec: str | None = None) -> ShardReader:
     """The reader for the shard at ``name`` (its path in the dataset).
 
     Args:
@@ -43,11 +47,15 @@ def reader_for(name: str, *, token_column: str = "tokens", layout: str | None = 
         token_column: the token column of Parquet / Arrow shards when the manifest names none.
         layout: the shard's layout as the manifest records it (None: chosen by suffix).
         column: the token column the manifest records.
+        codec: the shard's codec as the manifest records it: a token column decoding
+            (:data:`stager.codecs.DECODED`) is read from its decoded form, flat tokens.
 
     Raises:
         ConfigError: no reader knows the layout or the file's suffix.
     """
     column = column or token_column
+    if codec in DECODED:
+        return FlatReader()
     if layout is not None:
         by_layout = {"flat": FlatReader, "megatron": FlatReader, "npy": NpyReader, "litdata": LitDataReader,
                      "parquet": lambda: ParquetReader(column), "arrow": lambda: ArrowReader(column),

@@ -20,7 +20,9 @@ none (suffix rules only). Parquet files are read by their footer in every
 case. Every file is a shard, the layouts' own index
 files too (so the mount shows the dataset as its native loader expects it);
 a layout only says what the iterator needs of its token shards: dtype, token
-count, reader (``layout``) and token column. The layout's index files are
+count, reader (``layout``) and token column, and for a compressed shard, or a
+Parquet or Arrow token column decoded once into flat tokens (:mod:`.decoded`),
+the codec, size and digest of the form the iterator reads. The layout's index files are
 read before hashing and checked against the listing; its data files are
 checked against them as they are hashed. A file that disagrees is refused
 with a :class:`~stager.errors.ManifestError` naming it.

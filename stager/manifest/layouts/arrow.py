@@ -13,7 +13,10 @@ as it is hashed, one message at a time (the framing is an 8-byte prefix, the
 flatbuffer metadata, and a body whose length the metadata holds), and counts
 each batch's tokens with the rules the reader uses (:mod:`.columns`). An
 Arrow IPC *file* (Feather v2: ``ARROW1`` magic, the same stream, a footer) is
-read the same way, past its magic.
+read the same way, past its magic. The probe also hashes each batch's tokens
+as it counts them: the manifest records the file's decoded form (codec
+``arrow-tokens``, :mod:`.decoded`), which the iterator maps as flat tokens
+instead of joining the batches at every open.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import pyarrow as pa
 from ...errors import CorruptData, ManifestError
 from .base import NOT_TOKENS, DatasetLayout, Probe, TokenInfo
 from .columns import find_column, flat_values
+from .decoded import DecodedMeasure
 
 CONTINUATION = 0xFFFFFFFF
 FILE_MAGIC = b"ARROW1"
@@ -54,6 +58,7 @@ class ArrowStreamProbe(Probe):
         self.schema: pa.Schema | None = None
         self.found: tuple[str, str] | None = None
         self.tokens = 0
+        self.measure = DecodedMeasure()  # the decoded form's size and digest
         self.ended = False
         self.failure: str | None = None
 
@@ -109,9 +114,11 @@ class ArrowStreamProbe(Probe):
         batch = pa.ipc.read_record_batch(message, self.schema)
         name = self.found[0]
         try:
-            self.tokens += len(flat_values(batch.column(name), self.name, name))
+            values = flat_values(batch.column(name), self.name, name)
         except CorruptData as exc:
             raise ValueError(str(exc).removeprefix(f"{self.name}: ")) from exc
+        self.tokens += len(values)
+        self.measure.update(values)
 
     def finish(self) -> TokenInfo:
         if self.failure:
@@ -123,7 +130,8 @@ class ArrowStreamProbe(Probe):
         if self.found is None:
             return NOT_TOKENS
         column, dtype = self.found
-        return TokenInfo(dtype, self.tokens, "arrow", column)
+        return TokenInfo(dtype, self.tokens, "arrow", column, "arrow-tokens", self.measure.size,
+                         self.measure.digest.hexdigest())
 
 
 class ArrowLayout(DatasetLayout):

@@ -1,0 +1,148 @@
+"""Parquet and Arrow token columns decoded once into the cache (codecs ``parquet-tokens``, ``arrow-tokens``),
+then mapped as flat tokens: the same samples as the column readers, the decoded form checked and reused."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import xxhash
+
+from stager.cache import BlobState, CacheTier
+from stager.config import CacheConfig
+from stager.manifest import MANIFEST_PATH, Manifest
+from stager.manifest.parquet import encode_manifest
+
+from .golden import assert_every_sample_once, epoch, index
+
+SEQ = 16
+
+
+def documents(rng, count, dtype):
+    return [rng.integers(0, 30000, int(rng.integers(0, 50)), dtype=dtype) for _ in range(count)]
+
+
+def write_parquet(data, shards=3, dtype="int32", column="input_ids"):
+    """Documents of any length (empty and null ones too) in several row groups per file, as the Hub's exports."""
+    data.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    streams = []
+    for i in range(shards):
+        docs = documents(rng, 300, dtype)
+        rows = [None if j % 37 == 5 else d.tolist() for j, d in enumerate(docs)]
+        table = pa.table({"text": [str(j) for j in range(len(rows))],
+                          column: pa.array(rows, pa.list_(pa.from_numpy_dtype(np.dtype(dtype))))})
+        pq.write_table(table, data / f"train-{i:05d}-of-{shards:05d}.parquet", row_group_size=64, compression="zstd")
+        streams.append(np.concatenate([d for j, d in enumerate(docs) if j % 37 != 5]).astype(dtype))
+    return streams
+
+
+def write_arrow(data, shards=3, dtype="uint16", file_format=False):
+    """Arrow IPC streams (or files) of many small record batches, as ``save_to_disk`` writes 1,000-row ones."""
+    data.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(11)
+    streams = []
+    for i in range(shards):
+        docs = documents(rng, 250, dtype)
+        schema = pa.schema([("input_ids", pa.list_(pa.from_numpy_dtype(np.dtype(dtype)))), ("n", pa.int64())])
+        path = data / f"data-{i:05d}-of-{shards:05d}.arrow"
+        with pa.OSFile(str(path), "wb") as sink:
+            writer = (pa.ipc.new_file if file_format else pa.ipc.new_stream)(sink, schema)
+            for start in range(0, len(docs), 40):
+                part = docs[start:start + 40]
+                writer.write_batch(pa.record_batch([pa.array([d.tolist() for d in part], schema.field(0).type),
+                                                    pa.array(range(len(part)))], schema=schema))
+            writer.close()
+        streams.append(np.concatenate(docs).astype(dtype))
+    return streams
+
+
+def windows(streams, seq=SEQ):
+    """Each shard's tokens cut into ``seq``-token samples, as the iterator cuts a token stream."""
+    return [s[j:j + seq] for s in streams for j in range(0, len(s) - seq + 1, seq)]
+
+
+def decoded_files(cache, manifest):
+    return [cache / "blobs" / d[:2] / d for i in range(len(manifest)) if (d := manifest.raw_digest(i))]
+
+
+def without_decoding(data, manifest):
+    """The dataset's manifest as a stager that did not decode token columns wrote it (no codec)."""
+    old = Manifest.from_entries((replace(e, codec=None, raw_size=None, raw_digest=None) for e in manifest),
+                                manifest.block_size)
+    (data / MANIFEST_PATH).write_bytes(encode_manifest(old))
+    return old
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow stream", "arrow file"])
+def test_a_token_column_is_decoded_once_into_the_cache_and_read_as_the_column_readers_read_it(tmp_path, capsys, kind):
+    data = tmp_path / "data"
+    if kind == "parquet":
+        streams, codec, dtype = write_parquet(data), "parquet-tokens", "int32"
+    else:
+        streams, codec, dtype = write_arrow(data, file_format=kind == "arrow file"), "arrow-tokens", "uint16"
+    manifest = index(data, capsys)
+    shards = [i for i in range(len(manifest)) if manifest.tokens[i] >= 0]
+    assert len(shards) == 3
+    for i, stream in zip(shards, streams):
+        assert (manifest.codecs[i], manifest.dtypes[i], manifest.columns[i]) == (codec, dtype, "input_ids")
+        assert int(manifest.tokens[i]) == len(stream)
+        assert int(manifest.raw_sizes[i]) == stream.nbytes  # the flat tokens, not the file
+        assert manifest.raw_digest(i) == xxhash.xxh3_128_hexdigest(stream.astype(stream.dtype.newbyteorder("<")).tobytes())
+    cache = tmp_path / "cache"
+    native = windows(streams)
+    assert_every_sample_once(epoch(data, cache, SEQ), native)
+    made = decoded_files(cache, manifest)
+    assert len(made) == 3 and all(p.exists() for p in made)
+    stamps = [p.stat().st_mtime_ns for p in made]
+    with CacheTier(CacheConfig(directory=cache, capacity=1 << 30), reconcile=False) as tier:
+        records = [tier.record(manifest.raw_digest(i)) for i in shards]
+        assert all(r is not None and r.state is BlobState.COMPLETE for r in records)  # a blob of its own
+        assert sorted(r.size for r in records) == sorted(s.nbytes for s in streams)
+    assert_every_sample_once(epoch(data, cache, SEQ, epoch_number=1), native)  # warm: mapped, not made again
+    assert [p.stat().st_mtime_ns for p in made] == stamps
+    # A manifest without the decoding (an older stager's) is read by the column readers: the same samples.
+    without_decoding(data, manifest)
+    assert_every_sample_once(epoch(data, tmp_path / "old-cache", SEQ), native)
+    assert not any((tmp_path / "old-cache" / "blobs" / d[:2] / d).exists()
+                   for d in (manifest.raw_digest(i) for i in shards))
+
+
+def test_a_decoded_form_changed_on_the_cache_disk_is_dropped_and_decoded_again(tmp_path, capsys):
+    data = tmp_path / "data"
+    streams = write_parquet(data)
+    manifest = index(data, capsys)
+    cache = tmp_path / "cache"
+    native = windows(streams)
+    assert_every_sample_once(epoch(data, cache, SEQ), native)
+    victim = decoded_files(cache, manifest)[1]
+    good = victim.read_bytes()
+    os.chmod(victim, 0o644)
+    with open(victim, "r+b") as fh:  # one flipped token byte
+        fh.seek(len(good) // 2)
+        fh.write(bytes([good[len(good) // 2] ^ 0x01]))
+    # A new iterator (a new process's checks): the bad file is hashed, dropped, decoded again; never served.
+    assert_every_sample_once(epoch(data, cache, SEQ, epoch_number=1), native)
+    assert victim.read_bytes() == good
+
+
+
+def test_the_next_windows_decoded_forms_are_made_ahead_of_their_first_read(tmp_path, capsys):
+    from stager.iterator import TokenIterator
+
+    from .golden import FETCH
+
+    data = tmp_path / "data"
+    streams = write_parquet(data)
+    index(data, capsys)
+    # One shard a window: each window's shard is decoded while the one before it is read.
+    with TokenIterator(str(data), seq_len=SEQ, seed=3, shuffle_window=1, cache_dir=tmp_path / "cache",
+                       capacity=1 << 30, fetch=FETCH, log_every=0, session="embedded") as it:
+        samples = [np.array(s) for s in it]
+        stats = it._inflater.stats
+    assert_every_sample_once(samples, windows(streams))
+    assert (stats.made, stats.ahead) == (3, 2)  # the first window's was made at its read, the others ahead
