@@ -352,8 +352,15 @@ class TokenIterator:
         name = m.paths[shard]
         reader = reader_for(name, token_column=self.config.token_column, layout=m.layouts[shard],
                             column=m.columns[shard], codec=m.codecs[shard])
-        if m.codecs[shard] is not None:  # compressed: its decompressed form is what the reader opens
-            return reader.open(self._inflated(link, shard, position), name, m.dtypes[shard], int(m.tokens[shard]))
+        # Compressed: its decompressed form is what the reader opens.
+        data = self._staged(link, shard, position) if m.codecs[shard] is None else self._inflated(link, shard, position)
+        return reader.open(data, name, m.dtypes[shard], int(m.tokens[shard]))
+
+    def _staged(self, link: StagingLink, shard: int, position: int) -> memoryview | bytes:
+        """The staged, verified blob of ``shard`` mapped: the complete cache file if there is one, else
+        the one the engine makes ready (urgently); a copy found bad or gone is fetched once more."""
+        m = self.manifest
+        name = m.paths[shard]
         complete = self._block_reads().complete(m.digest(shard))
         if complete is not None:
             # Staged already (a complete file exists only after its verified rename): read it
@@ -361,59 +368,39 @@ class TokenIterator:
             # later. Gone since (dropped by a repair), changed on disk (dropped here) or
             # unreadable: ask the engine as below, which fetches it again.
             try:
-                array = reader.open(self._map_checked(complete, shard), name, m.dtypes[shard],
-                                    int(m.tokens[shard]))
-            except (CorruptData, OSError):
+                data = self._map_checked(complete, shard)
+            except OSError:
                 pass
             else:
                 self._stats.opened(True, 0.0)
-                return array
+                return data
         began = time.monotonic()
         path = self._ready(link, position, name)
         self._stats.opened(False, time.monotonic() - began)
         try:
-            data = self._map_checked(path, shard)
+            return self._map_checked(path, shard)
         except (CacheCorrupt, FileNotFoundError) as exc:
             # Bad on disk (dropped now) or gone since it was ready: fetched once more; a copy that is
             # bad again fails the read (a disk that rots what it is given cannot serve this shard).
             self._stats.refetches += 1
             try:
-                data = self._map_checked(self._ready(link, position, name), shard)
+                return self._map_checked(self._ready(link, position, name), shard)
             except FileNotFoundError as again:
                 raise CacheError(f"{self.source.url}/{name}: evicted from the cache as soon as it was "
                                  f"staged, twice; the cache is too small for its readers") from again
             except CacheCorrupt as again:
                 raise CacheCorrupt(f"{self.source.url}/{name}: {again}; fetched again, and the copy on "
                                    "the cache disk is bad again") from exc
-        return reader.open(data, name, m.dtypes[shard], int(m.tokens[shard]))
 
     def _inflated(self, link: StagingLink, shard: int, position: int) -> memoryview | bytes:
         """The decompressed form of compressed ``shard``, made once into the cache from its staged, verified
         blob (:mod:`stager.cache.inflate`), checked against the manifest's ``raw_digest``, mapped."""
-        m = self.manifest
-        name = m.paths[shard]
         form = self._inflated_form(shard)
-
         staged = []  # whether the compressed blob had to be asked for (its decompressed form was not there)
 
         def compressed() -> memoryview | bytes:
             staged.append(True)
-            complete = self._block_reads().complete(m.digest(shard))
-            if complete is not None:
-                try:
-                    data = self._map_checked(complete, shard)
-                    self._stats.opened(True, 0.0)
-                    return data
-                except (CacheCorrupt, FileNotFoundError):
-                    pass  # dropped as bad, or evicted since: staged again below
-            began = time.monotonic()
-            path = self._ready(link, position, name)
-            self._stats.opened(False, time.monotonic() - began)
-            try:
-                return self._map_checked(path, shard)
-            except (CacheCorrupt, FileNotFoundError):
-                self._stats.refetches += 1
-                return self._map_checked(self._ready(link, position, name), shard)
+            return self._staged(link, shard, position)
 
         data = self._inflater_of().open(form, compressed)
         if not staged:
