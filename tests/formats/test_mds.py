@@ -99,3 +99,24 @@ def test_a_shard_changed_after_indexing_is_refused_at_stage_time_naming_it(tmp_p
     shard.write_bytes(bytes(bad))
     with pytest.raises(CorruptData, match="shard.00002.mds"):
         epoch(data, tmp_path / "cache", SEQ, shuffle=False)
+
+
+def _fixed_shard(samples: np.ndarray, *, cut: int = 0) -> bytes:
+    """An MDS shard of one fixed-size uint16 column, laid out as MDSWriter lays one out."""
+    n, seq = samples.shape
+    config = json.dumps({"column_names": ["tokens"], "column_encodings": [f"ndarray:uint16:{seq}"],
+                         "column_sizes": [seq * 2], "compression": None, "format": "mds", "hashes": [],
+                         "size_limit": 1 << 26, "version": 2}).encode()
+    offsets = 4 * (n + 2) + len(config) + np.arange(n + 1) * seq * 2
+    data = struct.pack("<I", n) + offsets.astype("<u4").tobytes() + config + samples.astype("<u2").tobytes()
+    return data[:len(data) - cut]
+
+
+def test_fixed_size_samples_are_gathered_whole_and_a_short_one_is_refused():
+    from stager.iterator.readers.mds import MdsReader
+
+    samples = np.random.default_rng(7).integers(0, 60000, (300, 48), dtype=np.uint16)
+    reader = MdsReader()
+    assert np.array_equal(reader.open(_fixed_shard(samples), "s.mds", "uint16", samples.size), samples.ravel())
+    with pytest.raises(CorruptData, match="s.mds"):
+        reader.open(_fixed_shard(samples, cut=2), "s.mds", "uint16", samples.size)

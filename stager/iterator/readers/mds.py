@@ -31,15 +31,33 @@ class MdsReader(ColumnReader):
             config = _shard_config(view)
             column = TokenColumn(name, config, self.column)
             starts, counts = shard_slices(view, column, int(config["samples"]))
+            out = _gather(data, starts, counts, np.dtype(dtype).newbyteorder("<"))
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise CorruptData(f"{name}: not a readable MDS shard: {exc}") from exc
-        out = np.empty(int(counts.sum()), np.dtype(dtype).newbyteorder("<"))
-        at = 0
-        for start, count in zip(starts.tolist(), counts.tolist()):
-            out[at:at + count] = np.frombuffer(data, out.dtype, count, start)
-            at += count
         out.flags.writeable = False
         return check_tokens(out.astype(out.dtype.newbyteorder("="), copy=False), name, dtype, tokens)
+
+
+def _gather(data, starts: np.ndarray, counts: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The tokens at ``starts`` (bytes), ``counts`` of them each, in one array: one strided copy when
+    the samples are evenly spaced and of one length (fixed-size samples), else one copy per sample."""
+    out = np.empty(int(counts.sum()), dtype)
+    if len(starts) and (len(starts) == 1 or (bool(np.all(counts == counts[0]))
+                                             and bool(np.all(np.diff(starts) == starts[1] - starts[0])))):
+        width = int(counts[0]) * dtype.itemsize
+        step = int(starts[1] - starts[0]) if len(starts) > 1 else width
+        raw = np.frombuffer(data, np.uint8)
+        if int(starts[-1]) + width > len(raw) or int(starts[0]) < 0:
+            raise ValueError(f"samples reach byte {int(starts[-1]) + width} of {len(raw)}")
+        rows = np.lib.stride_tricks.as_strided(raw[int(starts[0]):], (len(starts), width), (step, 1),
+                                               writeable=False)
+        out.view(np.uint8).reshape(len(starts), width)[:] = rows
+        return out
+    at = 0
+    for start, count in zip(starts.tolist(), counts.tolist()):
+        out[at:at + count] = np.frombuffer(data, dtype, count, start)
+        at += count
+    return out
 
 
 def _shard_config(view: memoryview) -> dict:

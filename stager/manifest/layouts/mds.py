@@ -69,6 +69,21 @@ class TokenColumn:
         self.shape = tuple(int(x) for x in parts[2].split(",")) if len(parts) > 2 and parts[2] else None
         self.sizes = [None if s is None else int(s) for s in sizes]
 
+    def fixed_sample(self) -> tuple[int, int, int] | None:
+        """(sample bytes, token byte offset, token count) when every column has a fixed size and the token
+        array a fixed shape, so that every sample is laid out alike; else None.
+
+        Raises:
+            ValueError: the token column's size does not hold its shape.
+        """
+        if self.shape is None or any(size is None for size in self.sizes):
+            return None
+        length = self.sizes[self.position]
+        count = length // self.itemsize
+        if length % self.itemsize or int(np.prod(self.shape)) != count:
+            raise ValueError(f"a {self.column!r} array of shape {self.shape} in {length} bytes")
+        return sum(self.sizes), sum(self.sizes[:self.position]), count
+
     def locate(self, sample: memoryview) -> tuple[int, int]:
         """(byte offset, token count) of the tokens inside one sample's bytes.
 
@@ -103,6 +118,13 @@ def shard_slices(data: memoryview, column: TokenColumn, samples: int) -> tuple[n
     if count != samples:
         raise ValueError(f"holds {count} samples")
     offsets = np.frombuffer(data, "<u4", count + 1, 4).astype(np.int64)
+    fixed = column.fixed_sample()
+    if fixed is not None and count and bool(np.all(np.diff(offsets) == fixed[0])):
+        # Every column of a fixed size: each sample is the same bytes apart, its tokens at the same place.
+        sample_bytes, start, n = fixed
+        if int(offsets[-1]) > len(data):
+            raise ValueError(f"its offsets end at byte {int(offsets[-1])}, the shard has {len(data)}")
+        return offsets[:-1] + start, np.full(count, n, np.int64)
     starts, counts = np.empty(count, np.int64), np.empty(count, np.int64)
     for i in range(count):
         begin, end = int(offsets[i]), int(offsets[i + 1])
