@@ -120,3 +120,34 @@ def test_fixed_size_samples_are_gathered_whole_and_a_short_one_is_refused():
     assert np.array_equal(reader.open(_fixed_shard(samples), "s.mds", "uint16", samples.size), samples.ravel())
     with pytest.raises(CorruptData, match="s.mds"):
         reader.open(_fixed_shard(samples, cut=2), "s.mds", "uint16", samples.size)
+
+
+def _ragged_shard(docs: list[np.ndarray], header_bytes: list[int]) -> bytes:
+    """An MDS shard of one variable-size uint16 column: each sample its size, its array header, its tokens."""
+    config = json.dumps({"column_names": ["tokens"], "column_encodings": ["ndarray:uint16"], "column_sizes": [None],
+                         "compression": None, "format": "mds", "hashes": [], "size_limit": 1 << 26,
+                         "version": 2}).encode()
+    samples = []
+    for doc, byte in zip(docs, header_bytes):
+        dim = struct.pack("<H" if byte % 4 == 1 else "<I", len(doc))
+        body = bytes([byte]) + dim + doc.astype("<u2").tobytes()
+        samples.append(struct.pack("<I", len(body)) + body)
+    offsets = 4 * (len(docs) + 2) + len(config) + np.concatenate([[0], np.cumsum([len(s) for s in samples])])
+    return struct.pack("<I", len(docs)) + offsets.astype("<u4").tobytes() + config + b"".join(samples)
+
+
+def test_ragged_samples_read_alike_whether_their_array_headers_agree_and_a_bad_count_is_refused():
+    from stager.iterator.readers.mds import MdsReader
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 60000, int(n), dtype=np.uint16) for n in rng.integers(1, 90, 40)]
+    whole, reader = np.concatenate(docs), MdsReader()
+    one_header = _ragged_shard(docs, [(1 << 2) | 2] * len(docs))  # every sample's header alike: read at once
+    two_headers = _ragged_shard(docs, [(1 << 2) | 1] + [(1 << 2) | 2] * (len(docs) - 1))  # parsed one by one
+    for data in (one_header, two_headers):
+        assert np.array_equal(reader.open(data, "s.mds", "uint16", whole.size), whole)
+    bad = bytearray(one_header)
+    at = bad.index(bytes([(1 << 2) | 2]) + struct.pack("<I", len(docs[0])))
+    bad[at + 1:at + 5] = struct.pack("<I", len(docs[0]) + 1)  # the shape says one token more than the bytes hold
+    with pytest.raises(CorruptData, match="s.mds"):
+        reader.open(bytes(bad), "s.mds", "uint16", whole.size)
