@@ -69,21 +69,6 @@ class TokenColumn:
         self.shape = tuple(int(x) for x in parts[2].split(",")) if len(parts) > 2 and parts[2] else None
         self.sizes = [None if s is None else int(s) for s in sizes]
 
-    def fixed_sample(self) -> tuple[int, int, int] | None:
-        """(sample bytes, token byte offset, token count) when every column has a fixed size and the token
-        array a fixed shape, so that every sample is laid out alike; else None.
-
-        Raises:
-            ValueError: the token column's size does not hold its shape.
-        """
-        if self.shape is None or any(size is None for size in self.sizes):
-            return None
-        length = self.sizes[self.position]
-        count = length // self.itemsize
-        if length % self.itemsize or int(np.prod(self.shape)) != count:
-            raise ValueError(f"a {self.column!r} array of shape {self.shape} in {length} bytes")
-        return sum(self.sizes), sum(self.sizes[:self.position]), count
-
     def locate(self, sample: memoryview) -> tuple[int, int]:
         """(byte offset, token count) of the tokens inside one sample's bytes.
 
@@ -118,13 +103,6 @@ def shard_slices(data: memoryview, column: TokenColumn, samples: int) -> tuple[n
     if count != samples:
         raise ValueError(f"holds {count} samples")
     offsets = np.frombuffer(data, "<u4", count + 1, 4).astype(np.int64)
-    fixed = column.fixed_sample()
-    if fixed is not None and count and bool(np.all(np.diff(offsets) == fixed[0])):
-        # Every column of a fixed size: each sample is the same bytes apart, its tokens at the same place.
-        sample_bytes, start, n = fixed
-        if int(offsets[-1]) > len(data):
-            raise ValueError(f"its offsets end at byte {int(offsets[-1])}, the shard has {len(data)}")
-        return offsets[:-1] + start, np.full(count, n, np.int64)
     located = _locate_all(data, column, offsets)
     if located is not None:
         return located
@@ -147,9 +125,7 @@ def _locate_all(data: memoryview, column: TokenColumn, offsets: np.ndarray) -> t
     sizes, k = [], 0
     for size in column.sizes:
         if size is None:
-            at = begins + 4 * k
-            size = raw[at] | raw[at + 1].astype(np.int64) << 8 | raw[at + 2].astype(np.int64) << 16 \
-                | raw[at + 3].astype(np.int64) << 24
+            size = _uints_at(raw, begins + 4 * k, 4)
             k += 1
         sizes.append(np.broadcast_to(np.asarray(size, np.int64), begins.shape))
     start = begins + 4 * variable + sum(sizes[:column.position], np.zeros_like(begins))
@@ -166,15 +142,17 @@ def _locate_all(data: memoryview, column: TokenColumn, offsets: np.ndarray) -> t
             return None
         shape_count[:] = 1
         for d in range(ndim):
-            dim = np.zeros(begins.shape, np.int64)
-            for b in range(width):
-                dim |= raw[start + 1 + d * width + b].astype(np.int64) << (8 * b)
-            shape_count *= dim
+            shape_count *= _uints_at(raw, start + 1 + d * width, width)
         start, length = start + 1 + ndim * width, length - 1 - ndim * width
     counts = length // column.itemsize
     if bool(np.any(length % column.itemsize)) or bool(np.any(shape_count != counts)):
         return None  # the per-sample parse names what is wrong
     return start, counts
+
+
+def _uints_at(raw: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """The little-endian unsigned integers of ``width`` bytes at byte offsets ``at`` of ``raw``."""
+    return raw[at[:, None] + np.arange(width)].view(f"<u{width}")[:, 0].astype(np.int64)
 
 
 def _hasher(algo: str):
