@@ -6,7 +6,9 @@ module of fusepy and mfusepy; the FUSE front end installs as ``stager.fuse``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -28,16 +30,45 @@ def _isolation_flags() -> list[str]:
     return ["--no-build-isolation"] if major >= 77 else []
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    build = tmp_path_factory.mktemp("build")  # setuptools' build/ tree, kept out of the checkout
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *_isolation_flags(), "-w", str(out), str(REPO)],
-        check=True, timeout=240, cwd=build,
+#: What a build reads: pyproject.toml's metadata, setup.py's package folders, the README it embeds.
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "stager", "fuse")
+
+
+def build_wheel(workdir: Path) -> Path:
+    """Build the wheel from a private copy of the sources, so no build writes into the checkout.
+
+    setuptools keeps its ``build/`` and ``*.egg-info`` trees beside the sources: two builds of one
+    tree at once (two workers, or a developer's build while the suite runs) clobber each other's
+    files and one of them fails.
+    """
+    src, out = workdir / "src", workdir / "out"
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *_isolation_flags(), "-w", str(out), str(src)],
+        capture_output=True, text=True, timeout=240, cwd=workdir,
     )
+    assert done.returncode == 0, f"pip wheel failed:\n{done.stdout}\n{done.stderr}"
     (found,) = out.glob("stager-*.whl")
     return found
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_two_builds_at_once_both_succeed_and_leave_the_checkout_alone(tmp_path: Path) -> None:
+    before = {p.name for p in REPO.iterdir()}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        wheels = list(pool.map(build_wheel, [tmp_path / "a", tmp_path / "b"]))
+    contents = [sorted(zipfile.ZipFile(w).namelist()) for w in wheels]
+    assert contents[0] == contents[1] and "stager/fuse/mount.py" in contents[0]
+    assert {p.name for p in REPO.iterdir()} - before == set()  # no build/ or stager.egg-info appeared
 
 
 def test_the_wheel_has_one_top_level_name(wheel: Path) -> None:
