@@ -22,6 +22,13 @@ one leaf, its tokens, back to back), see :func:`unframe`. Every offset, frame an
 against the file on the way, frame by frame, so a truncated chunk or a frame table that disagrees is
 refused, never read past.
 
+One more LitData name, :data:`PYTREE` (``litdata-pytree``): an uncompressed ``PyTreeLoader`` chunk,
+litdata's plain ``optimize()`` without compression, the classic chunk header and each item its one leaf
+after the leaf's u32 size word. Nothing is compressed, but the tokens are not one stream either: its
+"decompressed" form is the same ``TokensLoader`` layout, the size words taken out, each checked against
+the item it heads (:func:`unframe`). :data:`LITDATA_FORMS` are the three names whose decompressed form
+is that layout.
+
 Two more names a manifest's ``codec`` may say, :data:`DECODED`: ``parquet-tokens`` and ``arrow-tokens``,
 a Parquet file's or an Arrow IPC stream's token column decoded into the flat token stream the flat
 reader maps (the values of every row in order, little-endian, of the manifest's dtype). They are no
@@ -40,10 +47,14 @@ import pyarrow as pa
 
 #: LitData's zstd frames inside a chunk, by its ``compression_level`` -> the manifest's codec name.
 FRAMED = {"batch": "zstd-batch", "sample": "zstd-sample"}
-#: The layout's codec name (and the framed ones) -> pyarrow's. The manifest records the layout's (without
-#: the level).
+#: LitData's uncompressed PyTreeLoader chunks: the manifest's codec for their size words taken out.
+PYTREE = "litdata-pytree"
+#: The manifest's codecs whose decompressed form is a LitData chunk's TokensLoader layout (:func:`unframe`).
+LITDATA_FORMS = frozenset({*FRAMED.values(), PYTREE})
+#: The layout's codec name (and the LitData ones) -> pyarrow's (None: nothing to decompress). The manifest
+#: records the layout's (without the level).
 CODECS = {"zstd": "zstd", "gz": "gzip", "gzip": "gzip", "bz2": "bz2", "br": "brotli", "brotli": "brotli",
-          "snappy": "snappy", **{name: "zstd" for name in FRAMED.values()}}
+          "snappy": "snappy", **{name: "zstd" for name in FRAMED.values()}, PYTREE: None}
 #: A Parquet or Arrow token column decoded into flat tokens: the manifest's codec -> the layout it decodes.
 DECODED = {"parquet-tokens": "parquet", "arrow-tokens": "arrow"}
 STREAMING = frozenset({"zstd", "gzip", "bz2", "brotli"})
@@ -57,9 +68,9 @@ def codec_name(compression: str) -> str:
         ValueError: no codec stager knows (the message names the value and the ones it knows).
     """
     name = str(compression).split(":", 1)[0].strip().lower()
-    if name not in CODECS or name in FRAMED.values():  # the framed ones are the manifest's names, no layout's
+    if name not in CODECS or name in LITDATA_FORMS:  # the LitData ones are the manifest's names, no layout's
         raise ValueError(f"compression {compression!r} is not one stager decompresses "
-                         f"(known: {', '.join(sorted(set(CODECS) - set(FRAMED.values())))})")
+                         f"(known: {', '.join(sorted(set(CODECS) - LITDATA_FORMS))})")
     if not pa.Codec.is_available(CODECS[name]):
         raise ValueError(f"compression {compression!r}: this pyarrow was built without {CODECS[name]}")
     return name
@@ -80,7 +91,7 @@ def decompress(codec: str, data: bytes | memoryview, size: int, piece: int = PIE
     if codec in DECODED:
         raise ValueError(f"{codec} is decoded with its token column's rules (stager.manifest.layouts.decoded), "
                          f"not decompressed")
-    if codec in FRAMED.values():
+    if codec in LITDATA_FORMS:
         yield from _sized(unframe(codec, data, size), size, piece)
         return
     name = CODECS[codec]
@@ -133,14 +144,16 @@ _LIMIT = (1 << 32) - 1  # a chunk's offsets are u32
 
 
 def unframe(codec: str, data: bytes | memoryview, limit: int | None = None) -> Iterator[memoryview]:
-    """The ``TokensLoader`` layout of a LitData chunk of zstd frames (``zstd-batch`` or ``zstd-sample``).
+    """The ``TokensLoader`` layout of a LitData ``PyTreeLoader`` chunk, of zstd frames (``zstd-batch`` or
+    ``zstd-sample``) or uncompressed (``litdata-pytree``).
 
     The chunk's items each hold one leaf (``[u32 size][size bytes]``); the output is ``num_items``
     (u32), ``num_items + 1`` offsets (u32, from ``(num_items + 2) * 4``), then the leaves back to back:
-    the header first, then the leaves a frame (``batch``) or an item (``sample``) at a time.
+    the header first, then the leaves a frame (``batch``), an item (``sample``) or up to :data:`PIECE`
+    bytes of items (``litdata-pytree``) at a time.
 
     Args:
-        codec: ``zstd-batch`` or ``zstd-sample``.
+        codec: ``zstd-batch``, ``zstd-sample`` or ``litdata-pytree``.
         data: the whole chunk file.
         limit: the most decompressed bytes to produce (None: the header's word).
 
@@ -154,6 +167,8 @@ def unframe(codec: str, data: bytes | memoryview, limit: int | None = None) -> I
         yield from _unframe_batch(view)
     elif codec == "zstd-sample":
         yield from _unframe_sample(view, limit)
+    elif codec == PYTREE:
+        yield from _unframe_pytree(view)
     else:
         raise ValueError(f"codec {codec!r} is no LitData framing")
 
@@ -246,7 +261,8 @@ def _content_size(frame: memoryview) -> int | None:
     return int.from_bytes(frame[at:at + width], "little") + (256 if width == 2 else 0)
 
 
-def _unframe_sample(view: memoryview, limit: int | None) -> Iterator[memoryview]:
+def _chunk_offsets(view: memoryview) -> tuple[int, int, np.ndarray]:
+    """A classic chunk header's item count, its size and its offsets, checked to run up through the file."""
     if len(view) < 4:
         raise ValueError(f"{len(view)} bytes, too short for a chunk header")
     count = struct.unpack_from("<I", view, 0)[0]
@@ -258,6 +274,25 @@ def _unframe_sample(view: memoryview, limit: int | None) -> Iterator[memoryview]
     if offsets[0] != start or (np.diff(offsets) <= 0).any() or offsets[-1] != len(view):
         raise ValueError(f"its offsets run from {int(offsets[0])} to {int(offsets[-1])}, the file has {len(view)} "
                          f"bytes and a header of {start} (truncated or corrupt)")
+    return count, start, offsets
+
+
+def _unframe_pytree(view: memoryview) -> Iterator[memoryview]:
+    count, _, offsets = _chunk_offsets(view)
+    sizes = np.diff(offsets)
+    if (short := np.flatnonzero(sizes < 4)).size:
+        n = int(short[0])
+        raise ValueError(f"item {n} holds {int(sizes[n])} bytes, fewer than the 4 of its leaf size word")
+    yield _tokens_header(sizes - 4)
+    first = 0
+    while first < count:  # items up to PIECE bytes at a time (at least one), so memory stays at a piece
+        last = max(first + 1, int(np.searchsorted(offsets, offsets[first] + PIECE, "right")) - 1)
+        yield _leaves(view[int(offsets[first]):int(offsets[last])], sizes[first:last], first)
+        first = last
+
+
+def _unframe_sample(view: memoryview, limit: int | None) -> Iterator[memoryview]:
+    count, start, offsets = _chunk_offsets(view)
     frames = [view[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
     try:
         sizes = [_content_size(frame) for frame in frames]
@@ -297,4 +332,4 @@ def _inflate_one(frame: memoryview, n: int, limit: int | None, size: int | None 
     return raw
 
 
-__all__ = ["CODECS", "DECODED", "FRAMED", "codec_name", "decompress", "unframe"]
+__all__ = ["CODECS", "DECODED", "FRAMED", "LITDATA_FORMS", "PYTREE", "codec_name", "decompress", "unframe"]
