@@ -1,4 +1,5 @@
-"""LitData optimized datasets written with ``TokensLoader``: ``index.json`` + ``chunk-R-I.bin``.
+"""LitData optimized datasets of tokens (``TokensLoader``, or ``PyTreeLoader`` items of one token leaf):
+``index.json`` + ``chunk-R-I.bin``.
 
 ``index.json`` holds ``chunks: [{filename, chunk_size, chunk_bytes, dim}]`` and
 ``config: {data_format, compression, item_loader, ...}``. A chunk file is::
@@ -28,8 +29,22 @@ checks the frame table, every offset and size word against the file and the
 item count against ``chunk_size``, and their decompressed form is the
 ``TokensLoader`` layout of the same items, which the LitData reader maps
 (codecs ``zstd-batch`` and ``zstd-sample``, :func:`stager.codecs.unframe`).
-Encrypted chunks are refused, and so are uncompressed ``PyTreeLoader`` ones
-(a size word before every item's tokens: no stream stager can map).
+
+Uncompressed ``PyTreeLoader`` chunks (litdata's plain ``optimize(fn=...,
+output_dir=...)`` with a function returning a token tensor or array) hold the
+same items with nothing compressed: the classic header, then each item's leaf
+size word and its tokens. With a size word before every item the tokens are no
+one stream to map, so they take the same way as the framed chunks (codec
+``litdata-pytree``): the file is the shard in the manifest (``chunk_bytes`` is
+its size), indexing checks its item count against ``chunk_size``, every offset
+against the file, every size word against the item it heads and every item's
+tokens to be whole of the dtype, and its "decompressed" form, the size words
+taken out, is the ``TokensLoader`` layout the reader maps, made once into the
+cache and checked there against its digest.
+
+Encrypted chunks are refused, and so are ``PyTreeLoader`` items of more than
+one leaf (a dict of tokens and labels, say: stager reads one token stream) and
+``PyTreeLoader`` chunks compressed whole (``compression_level: chunk``).
 """
 
 from __future__ import annotations
@@ -39,7 +54,7 @@ import struct
 
 import numpy as np
 
-from ...codecs import FRAMED, codec_name
+from ...codecs import FRAMED, LITDATA_FORMS, PYTREE, codec_name
 from ...errors import ManifestError
 from .base import NOT_TOKENS, IndexedLayout, Probe, TokenInfo, read_index_json
 from .compressed import InflatingProbe
@@ -51,11 +66,14 @@ TORCH_DTYPES = {11: "uint8", 12: "int8", 13: "int16", 14: "int16", 15: "int32", 
 NUMPY_DTYPES = {0: "int8", 1: "int16", 2: "int32", 3: "int64", 4: "uint8", 5: "uint16", 6: "uint32", 7: "uint64"}
 
 
-def chunk_dtype(name: str, config: dict, framed: bool = False) -> str:
-    """The token dtype of a TokensLoader dataset (or, ``framed``, a PyTreeLoader one of zstd frames),
-    from its ``config.data_format``."""
+def chunk_dtype(name: str, config: dict, framed: bool = False, pytree: bool = False) -> str:
+    """The token dtype of a TokensLoader dataset (or, ``framed``, a PyTreeLoader one of zstd frames;
+    ``pytree``, an uncompressed PyTreeLoader one), from its ``config.data_format``."""
     formats = config.get("data_format")
-    loaders = ("PyTreeLoader",) if framed else (None, "TokensLoader")
+    if pytree and isinstance(formats, list) and len(formats) != 1:
+        raise ManifestError(f"{name}: its PyTreeLoader items hold {len(formats)} leaves ({formats!r}); stager reads "
+                            f"items of one no_header_tensor or no_header_numpy leaf, the tokens")
+    loaders = ("PyTreeLoader",) if framed or pytree else (None, "TokensLoader")
     if config.get("item_loader") not in loaders or not isinstance(formats, list) or len(formats) != 1:
         wanted = ("PyTreeLoader, one no_header_tensor or no_header_numpy leaf per item" if framed else
                   "TokensLoader (one no_header_tensor or no_header_numpy item)")
@@ -71,9 +89,10 @@ def chunk_dtype(name: str, config: dict, framed: bool = False) -> str:
 class ChunkProbe(Probe):
     """Checks one chunk's header against ``index.json`` as the chunk is hashed.
 
-    ``framed``: the chunk is the decompressed form of zstd frames, whose size and token count
-    ``index.json`` does not say (its ``chunk_bytes`` is the compressed file's): only the item count is
-    checked against it, and the tokens counted.
+    ``framed``: the chunk is the TokensLoader layout made of PyTreeLoader items (zstd-framed or not),
+    whose size and token count ``index.json`` does not say (its ``chunk_bytes`` is the file's, size
+    words or frames and all): only the item count is checked against it, each item's tokens checked to
+    be whole of the dtype, and the tokens counted.
     """
 
     def __init__(self, name: str, index_name: str, chunk: dict, dtype: str, framed: bool = False) -> None:
@@ -102,9 +121,10 @@ class ChunkProbe(Probe):
             raise ManifestError(f"{self.name}: its offsets run from {int(offsets[0])} to {int(offsets[-1])}, "
                                 f"the file has {self.size} bytes and a header of {start} (truncated or corrupt)")
         if self.framed:
-            if (self.size - start) % itemsize:
-                raise ManifestError(f"{self.name}: its items hold {self.size - start} bytes, not whole "
-                                    f"{self.dtype} tokens")
+            if (ragged := np.flatnonzero(np.diff(offsets.astype(np.int64)) % itemsize)).size:
+                n = int(ragged[0])
+                raise ManifestError(f"{self.name}: item {n}'s leaf holds {int(offsets[n + 1]) - int(offsets[n])} "
+                                    f"bytes, not whole {self.dtype} tokens")
             return TokenInfo(self.dtype, (self.size - start) // itemsize, "litdata")
         dim = int(self.chunk["dim"])
         if self.size != int(self.chunk["chunk_bytes"]) or (self.size - start) != dim * itemsize:
@@ -123,8 +143,10 @@ class LitDataLayout(IndexedLayout):
         dtype, codec = extra  # type: ignore[misc]
         if codec is None:
             return ChunkProbe(name, index_name, entry, dtype)
-        if codec in FRAMED.values():  # chunk_bytes is the file's size; the decompressed size is found
-            inner = ChunkProbe(f"{name} (decompressed)", index_name, entry, dtype, framed=True)
+        if codec in LITDATA_FORMS:  # chunk_bytes is the file's size; the decompressed size is found
+            # an uncompressed chunk's item count is the file's own: its messages name the file
+            inner = ChunkProbe(name if codec == PYTREE else f"{name} (decompressed)", index_name, entry, dtype,
+                               framed=True)
             return InflatingProbe(name, index_name, codec, None, inner, size=int(entry["chunk_bytes"]))
         inner = ChunkProbe(f"{name} (decompressed)", index_name, entry, dtype)
         return InflatingProbe(name, index_name, codec, int(entry["chunk_bytes"]), inner)
@@ -155,8 +177,10 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
         try:
             config = content["config"]
             codec = _chunk_codec(name, config)
-            framed = codec in FRAMED.values()
-            dtype = chunk_dtype(name, config, framed)
+            if codec is None and config.get("item_loader") == "PyTreeLoader":
+                codec = PYTREE  # a size word before each item's tokens, taken out once into the cache
+            framed = codec in LITDATA_FORMS
+            dtype = chunk_dtype(name, config, codec in FRAMED.values(), codec == PYTREE)
             for chunk in content["chunks"]:
                 path = posixpath.join(posixpath.dirname(index), chunk["filename"])
                 for key in ("chunk_size", "chunk_bytes") + (() if framed else ("dim",)):  # PyTreeLoader's is None
@@ -166,7 +190,7 @@ async def find(store, sizes: dict[str, int], required: bool) -> LitDataLayout | 
                 if path not in sizes:
                     raise ManifestError(f"{name}: lists {chunk['filename']}, which is not there")
                 # litdata names a chunk it compressed whole chunk-R-I.<compression>.bin (and leaves others as they
-                # are); zstd frames are inside every chunk of a framed dataset
+                # are); zstd frames, or size words, are inside every chunk of a PyTreeLoader dataset
                 compressed = codec is not None and (
                     framed or str(chunk["filename"]).endswith(f".{config['compression']}.bin"))
                 chunks[path] = (index, chunk, (dtype, codec if compressed else None))
