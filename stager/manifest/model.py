@@ -71,7 +71,8 @@ OPTIONAL_FIELDS = (
 #: What the ``layout`` column may say: the format the iterator reads a token shard as.
 LAYOUTS = frozenset({"flat", "npy", "parquet", "arrow", "megatron", "litdata", "mds"})
 #: What the ``codec`` column may say: the codecs stager decompresses, by the layouts' own names (and
-#: ``zstd-batch``, ``zstd-sample``: LitData's zstd frames inside a chunk; ``parquet-tokens``,
+#: ``zstd-batch``, ``zstd-sample``: LitData's zstd frames inside a chunk; ``litdata-pytree``: an
+#: uncompressed LitData PyTreeLoader chunk's size words taken out; ``parquet-tokens``,
 #: ``arrow-tokens``: a token column decoded into flat tokens).
 CODECS = frozenset(CODEC_NAMES) | frozenset(DECODED)
 

@@ -13,8 +13,9 @@ decompressed size and that digest, and the cache checks each decompressed
 copy it makes against them (:mod:`stager.cache.inflate`). A compressed shard
 that is truncated or corrupt, or decompresses to other bytes than its index
 says, is refused naming it. A LitData chunk of zstd frames (``zstd-batch``,
-``zstd-sample``: :func:`stager.codecs.unframe`) has no decompressed size in its
-index: the size is what its checked frames decompress to.
+``zstd-sample``: :func:`stager.codecs.unframe`) or of uncompressed PyTreeLoader
+items (``litdata-pytree``, its size words taken out) has no decompressed size in
+its index: the size is what its checked frames or items decompress to.
 """
 
 from __future__ import annotations
