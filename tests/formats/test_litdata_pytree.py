@@ -99,11 +99,13 @@ def test_the_decoded_form_is_the_tokensloader_layout_of_litdatas_items():
 
 
 def test_items_are_taken_a_piece_at_a_time_and_each_checked(monkeypatch):
-    """The size words are taken out up to a piece of items at a time (memory stays at a piece), and a
-    word in any piece is checked, the last item's too."""
+    """The size words are taken out up to a piece of items at a time (memory stays at a piece), the
+    pieces of long items and of short ones alike, and every word is checked before a byte is produced,
+    the last item's too."""
     import stager.codecs as codecs
 
     monkeypatch.setattr(codecs, "PIECE", 1000)
+    monkeypatch.setattr(codecs, "_JOINED", 0)  # every piece's items joined, as pieces of long items are
     packed = (FIXTURES / "data-pytree" / "chunk-0-0.bin").read_bytes()
     whole = list(unframe("litdata-pytree", packed))
     assert len(whole) > 3  # the header, then several pieces of items
@@ -112,8 +114,11 @@ def test_items_are_taken_a_piece_at_a_time_and_each_checked(monkeypatch):
     offsets = np.frombuffer(packed, "<u4", 11, 4)
     bad = bytearray(packed)
     struct.pack_into("<I", bad, int(offsets[9]), struct.unpack_from("<I", packed, int(offsets[9]))[0] - 4)
+    pieces = unframe("litdata-pytree", bytes(bad))
     with pytest.raises(ValueError, match="item 9 is "):
-        list(unframe("litdata-pytree", bytes(bad)))
+        next(pieces)
+    monkeypatch.setattr(codecs, "_JOINED", 1 << 20)  # every piece masked, as pieces of short items are
+    assert b"".join(bytes(p) for p in unframe("litdata-pytree", packed)) == b"".join(bytes(p) for p in whole)
 
 
 def test_a_truncated_chunk_is_refused_naming_it(tmp_path, capsys):
