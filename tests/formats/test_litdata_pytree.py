@@ -22,17 +22,19 @@ from .golden import assert_every_sample_once, epoch, index, refused
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "litdata"
 SEQ = 16
+#: The fixtures: a function returning an int32 tensor, and one returning {"input_ids": a uint16 array}.
+DTYPES = {"data-pytree": "int32", "data-pytree-u16": "uint16"}
 
 
-def copy(tmp_path) -> Path:
-    data = tmp_path / "data-pytree"
-    shutil.copytree(FIXTURES / "data-pytree", data)
+def copy(tmp_path, folder: str = "data-pytree") -> Path:
+    data = tmp_path / folder
+    shutil.copytree(FIXTURES / folder, data)
     return data
 
 
-def native() -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+def native(folder: str = "data-pytree") -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """litdata's documents per chunk, concatenated, and the SEQ-token windows of each chunk's stream."""
-    streams = dict(np.load(FIXTURES / "expected-pytree.npz"))
+    streams = dict(np.load(FIXTURES / f"expected-{folder.removeprefix('data-')}.npz"))
     return streams, [s[j:j + SEQ] for s in streams.values() for j in range(0, len(s) - SEQ + 1, SEQ)]
 
 
@@ -42,19 +44,22 @@ def rewrite_index(data: Path, change) -> None:
     (data / "index.json").write_text(json.dumps(index_json))
 
 
-def test_uncompressed_pytree_chunks_read_as_litdatas_documents_made_once_into_the_cache(tmp_path, capsys):
-    data = copy(tmp_path)
+@pytest.mark.parametrize("folder", DTYPES)
+def test_uncompressed_pytree_chunks_read_as_litdatas_documents_made_once_into_the_cache(tmp_path, capsys, folder):
+    data = copy(tmp_path, folder)
     listed = json.loads((data / "index.json").read_text())
     assert listed["config"]["item_loader"] == "PyTreeLoader" and listed["config"]["compression"] is None
     manifest = index(data, capsys)
-    streams, windows = native()
+    streams, windows = native(folder)
+    dtype = DTYPES[folder]
     for chunk in listed["chunks"]:
         i = manifest.index_of(chunk["filename"])
-        assert (manifest.layouts[i], manifest.codecs[i], manifest.dtypes[i]) == ("litdata", "litdata-pytree", "int32")
+        assert (manifest.layouts[i], manifest.codecs[i], manifest.dtypes[i]) == ("litdata", "litdata-pytree", dtype)
         assert int(manifest.sizes[i]) == chunk["chunk_bytes"] == (data / chunk["filename"]).stat().st_size
         assert int(manifest.tokens[i]) == len(streams[chunk["filename"]])
+        assert streams[chunk["filename"]].dtype == np.dtype(dtype)
         items = chunk["chunk_size"]
-        assert int(manifest.raw_sizes[i]) == (items + 2) * 4 + 4 * len(streams[chunk["filename"]])
+        assert int(manifest.raw_sizes[i]) == (items + 2) * 4 + streams[chunk["filename"]].nbytes
         assert int(manifest.raw_sizes[i]) == chunk["chunk_bytes"] - 4 * items  # the size words, taken out
     cache = tmp_path / "cache"
     assert_every_sample_once(epoch(data, cache, SEQ), windows)
@@ -71,7 +76,7 @@ def test_uncompressed_pytree_chunks_read_as_litdatas_documents_made_once_into_th
     assert [p.stat().st_mtime_ns for p in made] == stamps
 
 
-def test_one_window_of_a_documents_length_reads_each_document_across_the_chunks(tmp_path, capsys):
+def test_windows_of_any_length_are_cut_from_each_chunks_documents_concatenated(tmp_path, capsys):
     """Documents concatenated per chunk, as the flat formats are: the tokens of every chunk once, in
     windows that never straddle two chunks."""
     data = copy(tmp_path)
@@ -80,6 +85,15 @@ def test_one_window_of_a_documents_length_reads_each_document_across_the_chunks(
     seq = 7
     want = [s[j:j + seq] for s in streams.values() for j in range(0, len(s) - seq + 1, seq)]
     assert_every_sample_once(epoch(data, tmp_path / "cache", seq), want)
+
+
+def test_with_seq_len_a_documents_length_one_window_is_one_of_litdatas_items(tmp_path, capsys):
+    data = copy(tmp_path, "data-pytree-fixed")
+    index(data, capsys)
+    streams, _ = native("data-pytree-fixed")
+    items = list(np.concatenate(list(streams.values())).reshape(-1, 64))  # litdata's 40 items, 64 tokens each
+    assert len(items) == 40
+    assert_every_sample_once(epoch(data, tmp_path / "cache", 64), items)
 
 
 def test_the_decoded_form_is_the_tokensloader_layout_of_litdatas_items():
