@@ -34,7 +34,8 @@ a Parquet file's or an Arrow IPC stream's token column decoded into the flat tok
 reader maps (the values of every row in order, little-endian, of the manifest's dtype). They are no
 compression of the file's bytes but the same mechanism (decoded once into the cache, checked against the
 manifest's ``raw_digest``); the decoding needs the token column's rules, so it lives with them
-(:mod:`stager.manifest.layouts.decoded`), and :func:`decompress` refuses them.
+(:mod:`stager.manifest.layouts.decoded`), and :func:`decompress` refuses them. A decoded form may
+hold its tokens narrower than the column (:func:`stored_dtype`), which its size says.
 """
 
 from __future__ import annotations
@@ -59,6 +60,25 @@ CODECS = {"zstd": "zstd", "gz": "gzip", "gzip": "gzip", "bz2": "bz2", "br": "bro
 DECODED = {"parquet-tokens": "parquet", "arrow-tokens": "arrow"}
 STREAMING = frozenset({"zstd", "gzip", "bz2", "brotli"})
 PIECE = 4 << 20  # decompressed bytes per piece
+#: The narrower forms a decoded token column may be stored in, narrowest first.
+NARROW_FORMS = (np.dtype("<u2"), np.dtype("<u4"))
+
+
+def stored_dtype(dtype: str, tokens: int, raw_size: int) -> str:
+    """The dtype a decoded form holds its tokens in: ``dtype``, or a narrower unsigned one that
+    ``raw_size`` (bytes for ``tokens`` tokens) says it was stored in.
+
+    Raises:
+        ValueError: ``raw_size`` is no whole number of tokens of ``dtype`` or of a narrower form of it.
+    """
+    wide = np.dtype(dtype)
+    if raw_size == tokens * wide.itemsize:
+        return wide.name
+    for form in NARROW_FORMS:
+        if form.itemsize < wide.itemsize and raw_size == tokens * form.itemsize and wide.kind in "iu":
+            return form.name
+    raise ValueError(f"{raw_size} bytes are not {tokens} tokens of {dtype} nor of a narrower form of it")
+
 
 
 def codec_name(compression: str) -> str:
@@ -346,4 +366,5 @@ def _inflate_one(frame: memoryview, n: int, limit: int | None, size: int | None 
     return raw
 
 
-__all__ = ["CODECS", "DECODED", "FRAMED", "LITDATA_FORMS", "PYTREE", "codec_name", "decompress", "unframe"]
+__all__ = ["CODECS", "DECODED", "FRAMED", "LITDATA_FORMS", "NARROW_FORMS", "PYTREE", "codec_name", "decompress",
+           "stored_dtype", "unframe"]

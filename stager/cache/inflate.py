@@ -91,6 +91,8 @@ class InflatedForm:
         block_size: the block size of its blob (the manifest's).
         column: a decoded token shard's column (:data:`stager.codecs.DECODED`; None for the others).
         dtype: a decoded token shard's dtype (the manifest's).
+        stored: the dtype its decoded form holds the tokens in (None: ``dtype``; see
+            :func:`stager.manifest.layouts.decoded.stored_dtype`).
     """
 
     name: str
@@ -100,6 +102,7 @@ class InflatedForm:
     block_size: int
     column: str | None = None
     dtype: str | None = None
+    stored: str | None = None
 
 
 @dataclass
@@ -269,7 +272,8 @@ class Inflater:
         if form.codec not in DECODED:
             return data
         produced, pieces = 0, []
-        for values in decoded_tokens(form.codec, data, form.name, form.column or "", form.dtype):
+        for values in decoded_tokens(form.codec, data, form.name, form.column or "", form.dtype,
+                                     form.stored):
             produced += values.nbytes
             if produced > form.size:
                 raise CorruptData(f"{form.name}: its token column decodes to more than the {form.size} bytes "

@@ -39,6 +39,7 @@ from ..cache import CacheTier
 from ..cache.inflate import InflatedForm, Inflater
 from ..cache.layout import CacheLayout
 from ..cache.reader import BlockReads, VerifiedReads
+from ..codecs import DECODED
 from ..config import SourceConfig
 from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
 from ..manifest import Manifest
@@ -88,8 +89,14 @@ class TokenIterator:
         self.batches, self.drop_last, self.dtype = config.batches, config.drop_last, config.dtype
         self.manifest = manifest if manifest is not None else load_manifest_sync(self.source, self.fetch_config)
         self.index = SampleIndex(self.manifest, self.sample_spec, self.source.url)
-        shard_dtypes = {self.manifest.dtypes[i] for i in self.index.shards.tolist()}
+        shards = self.index.shards.tolist()
+        shard_dtypes = {self.manifest.dtypes[i] for i in shards}
         self.out_dtype = self.dtype or np.result_type(*[np.dtype(d or "uint32") for d in shard_dtypes])
+        # Decoded token columns may be held narrower than their dtype (stager.codecs.stored_dtype):
+        # samples of those are widened back to what the manifest says they are.
+        narrowed = any(self.manifest.stored_dtype(i) != self.manifest.dtypes[i] for i in shards
+                       if self.manifest.codecs[i] in DECODED)
+        self._sample_dtype = self.dtype if self.dtype is not None or not narrowed else self.out_dtype
         self._epoch = config.epoch
         self._remainder: Remainder | None = None  # None: the whole epoch, not started
         self._done = 0  # samples of this consumer's slice already yielded
@@ -240,7 +247,7 @@ class TokenIterator:
     def _samples(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
                  plan: tuple[np.ndarray, np.ndarray]) -> Iterator[np.ndarray]:
         n = self.sample_spec.sample_len
-        convert = self.dtype
+        convert = self._sample_dtype
         arrays: dict[int, np.ndarray] = {}
         window = -1
         for run_window, shards, offsets in self._positions(order, piece, self._done):
@@ -354,7 +361,7 @@ class TokenIterator:
                             column=m.columns[shard], codec=m.codecs[shard])
         # Compressed: its decompressed form is what the reader opens.
         data = self._staged(link, shard, position) if m.codecs[shard] is None else self._inflated(link, shard, position)
-        return reader.open(data, name, m.dtypes[shard], int(m.tokens[shard]))
+        return reader.open(data, name, m.stored_dtype(shard), int(m.tokens[shard]))
 
     def _staged(self, link: StagingLink, shard: int, position: int) -> memoryview | bytes:
         """The staged, verified blob of ``shard`` mapped: the complete cache file if there is one, else
@@ -410,7 +417,8 @@ class TokenIterator:
     def _inflated_form(self, shard: int) -> InflatedForm:
         m = self.manifest
         return InflatedForm(f"{self.source.url}/{m.paths[shard]}", m.codecs[shard], int(m.raw_sizes[shard]),
-                            m.raw_digest(shard), m.block_size, m.columns[shard], m.dtypes[shard])
+                            m.raw_digest(shard), m.block_size, m.columns[shard], m.dtypes[shard],
+                            m.stored_dtype(shard))
 
     def _inflater_of(self) -> Inflater:
         if self._inflater is None:

@@ -39,7 +39,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..codecs import CODECS as CODEC_NAMES, DECODED
+from ..codecs import CODECS as CODEC_NAMES, DECODED, stored_dtype
 from ..config import DEFAULT_BLOCK_SIZE
 
 #: The format stager writes: version 2 carries its own digest (see :mod:`.seal`).
@@ -206,6 +206,15 @@ class Manifest:
         if "raw_size" not in self.table.schema.names:
             return np.full(len(self), -1, np.int64)
         return self.table.column("raw_size").fill_null(-1).to_numpy()
+
+    def stored_dtype(self, index: int) -> str | None:
+        """The dtype shard ``index``'s tokens are held in where the iterator reads them: the manifest's,
+        or for a decoded token column (:data:`stager.codecs.DECODED`) the narrower form its ``raw_size``
+        says (:func:`stager.codecs.stored_dtype`; validated when the manifest loads)."""
+        dtype = self.dtypes[index]
+        if dtype is None or self.codecs[index] not in DECODED:
+            return dtype
+        return stored_dtype(dtype, int(self.tokens[index]), int(self.raw_sizes[index]))
 
     def raw_digest(self, index: int) -> str | None:
         """The xxh3-128 hex digest of compressed shard ``index``'s decompressed bytes (None: not compressed)."""

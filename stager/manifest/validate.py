@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover - a pyarrow that moved them
 from ..errors import ManifestError
 from ..hashing import block_count
 from ..paths import BAD_PATH_PATTERN, BAD_PATH_PROBLEM
+from ..codecs import DECODED, NARROW_FORMS
 from .model import CODECS, LAYOUTS
 
 MAX_SHARD_SIZE = 1 << 50  # 1 PiB: anything larger is a corrupt manifest, not a shard
@@ -124,3 +125,16 @@ def _check_codecs(table: pa.Table, bad) -> None:
     row = _first((raw < 0) | (raw > MAX_SHARD_SIZE))
     if row is not None:
         raise bad(row, f"raw_size {int(raw[row])} is negative or absurd")
+    decoded = call_function("is_in", [codecs], SetLookupOptions(pa.array(sorted(DECODED))))
+    decoded = decoded.fill_null(False).to_numpy(zero_copy_only=False)
+    if decoded.any():  # a decoded form holds its tokens in the column's dtype or a narrower form
+        tokens = table.column("tokens").fill_null(-1).to_numpy()
+        dtypes = table.column("dtype").fill_null("").to_pylist()
+        width = np.array([np.dtype(d).itemsize if d in KNOWN_DTYPES else 0 for d in dtypes], dtype=np.int64)
+        fits = raw == tokens * width
+        for form in NARROW_FORMS:
+            fits |= (width > form.itemsize) & (raw == tokens * form.itemsize)
+        row = _first(decoded & ((width == 0) | (tokens < 0) | ~fits))
+        if row is not None:
+            raise bad(row, f"raw_size {int(raw[row])} is not {int(tokens[row])} tokens of its dtype "
+                           f"{dtypes[row] or None} (nor of a narrower form of it)")

@@ -91,18 +91,22 @@ def test_a_token_column_is_decoded_once_into_the_cache_and_read_as_the_column_re
     for i, stream in zip(shards, streams):
         assert (manifest.codecs[i], manifest.dtypes[i], manifest.columns[i]) == (codec, dtype, "input_ids")
         assert int(manifest.tokens[i]) == len(stream)
-        assert int(manifest.raw_sizes[i]) == stream.nbytes  # the flat tokens, not the file
-        assert manifest.raw_digest(i) == xxhash.xxh3_128_hexdigest(stream.astype(stream.dtype.newbyteorder("<")).tobytes())
+        # The flat tokens, not the file; every token below 2**16, so held as uint16 (int32's half).
+        assert int(manifest.raw_sizes[i]) == 2 * len(stream)
+        assert manifest.stored_dtype(i) == "uint16"
+        assert manifest.raw_digest(i) == xxhash.xxh3_128_hexdigest(stream.astype("<u2").tobytes())
     cache = tmp_path / "cache"
     native = windows(streams)
-    assert_every_sample_once(epoch(data, cache, SEQ), native)
+    first = epoch(data, cache, SEQ)
+    assert {sample.dtype for sample in first} == {np.dtype(dtype)}  # the column's dtype, whatever the form
+    assert_every_sample_once(first, native)
     made = decoded_files(cache, manifest)
     assert len(made) == 3 and all(p.exists() for p in made)
     stamps = [p.stat().st_mtime_ns for p in made]
     with CacheTier(CacheConfig(directory=cache, capacity=1 << 30), reconcile=False) as tier:
         records = [tier.record(manifest.raw_digest(i)) for i in shards]
         assert all(r is not None and r.state is BlobState.COMPLETE for r in records)  # a blob of its own
-        assert sorted(r.size for r in records) == sorted(s.nbytes for s in streams)
+        assert sorted(r.size for r in records) == sorted(2 * len(s) for s in streams)
     assert_every_sample_once(epoch(data, cache, SEQ, epoch_number=1), native)  # warm: mapped, not made again
     assert [p.stat().st_mtime_ns for p in made] == stamps
     # A manifest without the decoding (an older stager's) is read by the column readers: the same samples.
@@ -146,3 +150,66 @@ def test_the_next_windows_decoded_forms_are_made_ahead_of_their_first_read(tmp_p
         stats = it._inflater.stats
     assert_every_sample_once(samples, windows(streams))
     assert (stats.made, stats.ahead) == (3, 2)  # the first window's was made at its read, the others ahead
+
+
+def write_parquet_of(data, streams, dtype, name="train"):
+    """One Parquet file per stream, its tokens as rows of 100 (row groups of 4 rows)."""
+    data.mkdir(parents=True, exist_ok=True)
+    for i, stream in enumerate(streams):
+        rows = [stream[j:j + 100].tolist() for j in range(0, len(stream), 100)]
+        table = pa.table({"input_ids": pa.array(rows, pa.list_(pa.from_numpy_dtype(np.dtype(dtype))))})
+        pq.write_table(table, data / f"{name}-{i:05d}.parquet", row_group_size=4)
+
+
+@pytest.mark.parametrize("dtype, top, form", [
+    ("int32", 65535, "uint16"),      # every token fits 16 bits
+    ("int32", 65536, "int32"),       # one token (in the last row group) does not
+    ("int64", 1 << 20, "uint32"),    # a 64-bit column of a 20-bit vocabulary
+    ("int64", 1000, "uint16"),
+    ("int32", -1, "int32"),          # a negative id: kept as the column holds it
+])
+def test_a_decoded_column_is_held_in_the_narrowest_form_that_holds_every_token_and_yields_its_own_dtype(
+        tmp_path, capsys, dtype, top, form):
+    rng = np.random.default_rng(5)
+    streams = [rng.integers(0, 60000, 1600).astype(dtype) for _ in range(2)]
+    streams[1][-3] = top  # the last row group of the last file
+    data = tmp_path / "data"
+    write_parquet_of(data, streams, dtype)
+    manifest = index(data, capsys)
+    shards = [i for i in range(len(manifest)) if manifest.tokens[i] >= 0]
+    held = [manifest.stored_dtype(i) for i in shards]
+    assert held == ["uint16", form]  # the first file's tokens all fit 16 bits
+    for i, stream, kind in zip(shards, streams, held):
+        assert int(manifest.raw_sizes[i]) == len(stream) * np.dtype(kind).itemsize
+        assert manifest.raw_digest(i) == xxhash.xxh3_128_hexdigest(stream.astype(np.dtype(kind).newbyteorder("<")).tobytes())
+    samples = epoch(data, tmp_path / "cache", SEQ)
+    assert_every_sample_once(samples, windows(streams))  # values and dtype: the column's, bit for bit
+    # Batches too (the form is widened into the batch).
+    from stager.iterator import TokenIterator
+
+    from .golden import FETCH
+
+    with TokenIterator(str(data), seq_len=SEQ, batch_size=7, batches=True, seed=3, cache_dir=tmp_path / "cache",
+                       capacity=1 << 30, fetch=FETCH, log_every=0, session="embedded") as it:
+        batches = [np.array(b) for b in it]
+    assert {b.dtype for b in batches} == {np.dtype(dtype)}
+    assert_every_sample_once([row for b in batches for row in b], windows(streams))
+
+
+def test_a_manifest_whose_decoded_size_is_no_form_of_its_tokens_is_refused_naming_the_shard(tmp_path, capsys):
+    from stager.errors import ManifestError
+    from stager.manifest import read_manifest_file
+
+    data = tmp_path / "data"
+    write_parquet(data)
+    manifest = index(data, capsys)
+    row = next(i for i in range(len(manifest)) if manifest.codecs[i] == "parquet-tokens")
+    raw = manifest.table.column("raw_size").to_pylist()
+    raw[row] = 3 * int(manifest.tokens[row])  # three bytes a token: no form of int32
+    table = manifest.table.set_column(manifest.table.schema.get_field_index("raw_size"), "raw_size",
+                                      pa.array(raw, pa.int64()))
+    (data / MANIFEST_PATH).write_bytes(encode_manifest(Manifest(table, manifest.block_size)))
+    with pytest.raises(ManifestError) as caught:
+        read_manifest_file(str(data / MANIFEST_PATH))
+    message = str(caught.value)
+    assert manifest.paths[row] in message and "raw_size" in message and "\n" not in message
