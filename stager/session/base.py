@@ -58,8 +58,14 @@ class Session(abc.ABC):
 
     @abc.abstractmethod
     async def plan(self, dataset: DatasetHandle, order: Sequence[int] | np.ndarray | None = None, *,
-                   window_bytes: int | None = None, name: str | None = None) -> PlanHandle:
-        """Register the order in which this consumer will read the dataset's shards (default: manifest order)."""
+                   window_bytes: int | None = None, name: str | None = None,
+                   floor_bytes: int | None = None, ahead_seconds: float | None = None) -> PlanHandle:
+        """Register the order in which this consumer will read the dataset's shards (default: manifest order).
+
+        ``window_bytes`` is the most staged ahead of the consumer's cursor, ``floor_bytes`` what is
+        staged ahead whatever its pace, and ``ahead_seconds`` how many seconds of its measured rate are
+        staged past the floor (see :mod:`stager.engine.read_ahead`); None leaves each to the engine.
+        """
 
     @abc.abstractmethod
     async def read_block(self, dataset: DatasetHandle, index: int, block: int) -> bytes:

@@ -54,12 +54,15 @@ class DaemonPlan(PlanHandle):
     """A plan held by the daemon; the cursor is kept here too, to register again after a restart."""
 
     def __init__(self, session: "DaemonSession", dataset: DaemonDataset, plan_id: str, order: np.ndarray | None,
-                 window_bytes: int | None, name: str | None) -> None:
+                 window_bytes: int | None, name: str | None, *, floor_bytes: int | None = None,
+                 ahead_seconds: float | None = None) -> None:
         self._session = session
         self.dataset = dataset
         self.id = plan_id
         self.order = order
         self.window_bytes = window_bytes
+        self.floor_bytes = floor_bytes
+        self.ahead_seconds = ahead_seconds
         self.name = name
         self.cursor = 0
         self.closed = False
@@ -82,6 +85,11 @@ class DaemonPlan(PlanHandle):
         """(Re-)register this plan with the daemon at the current cursor."""
         body: dict[str, Any] = {"dataset": self.dataset.wire(), "fingerprint": self.dataset.fingerprint,
                                 "cursor": self.cursor, "window_bytes": self.window_bytes, "name": self.name}
+        # Sent only when set: a daemon of an earlier version refuses fields it does not know.
+        if self.floor_bytes is not None:
+            body["floor_bytes"] = self.floor_bytes
+        if self.ahead_seconds is not None:
+            body["ahead_seconds"] = self.ahead_seconds
         if self.order is not None:
             body["order_b64"] = base64.b64encode(self.order.astype("<i8").tobytes()).decode()
         _, answer = await self._session.client().request("PUT", self._path, body=body, timeout=REQUEST_TIMEOUT)

@@ -1,0 +1,58 @@
+"""A plan's read-ahead through the daemon: the floor and seconds a consumer asks for reach the engine, and
+/v1/status and /metrics show each plan's measured rate and how far ahead it stages."""
+
+from __future__ import annotations
+
+import asyncio
+
+from stager.config import SourceConfig
+
+from .test_metrics import scrape, value
+
+
+async def test_floor_and_seconds_cross_the_socket_and_status_and_metrics_show_rate_and_ahead(node):
+    m = node.corpus.manifest
+    size = int(m.sizes[0])
+    await node.start(metrics_address="127.0.0.1:0")
+    session = node.session()
+    dataset = await session.open_dataset(SourceConfig(node.proxy.url))
+    window, floor = 8 * size, 2 * size
+    plan = await session.plan(dataset, name="reader", window_bytes=window, floor_bytes=floor, ahead_seconds=0.01)
+    daemon_plan = node.daemons[0].registry.plans()[0].plan
+    assert (daemon_plan.window_bytes, daemon_plan.floor_bytes, daemon_plan.ahead_seconds) == (window, floor, 0.01)
+
+    labels = {"consumer": session.consumer_id, "plan": "p0", "dataset": dataset.url}
+    status, body = await node.raw("GET", "/v1/status")
+    assert status == 200
+    (shown,) = body["plans"]
+    assert shown["rate"] is None and shown["ahead_bytes"] == window  # not measured yet: floor + first guess, capped
+    before = await scrape(node)
+    assert value(before, "stager_plan_ahead_bytes", **labels) == window
+    assert ("stager_plan_consumer_rate_bytes_per_second", tuple(sorted(labels.items()))) not in before
+
+    await plan.ready(0)
+    await asyncio.sleep(1.1)  # the rate is measured over at least a second (its value is not asserted)
+    await plan.advance(1)
+    for _ in range(100):  # advances are sent on; bounded wait for the daemon to have it
+        if daemon_plan.cursor == 1:
+            break
+        await asyncio.sleep(0.05)
+    status, body = await node.raw("GET", "/v1/status")
+    (shown,) = body["plans"]
+    assert shown["rate"] > 0
+    # 0.01 s of a consumer reading one shard in over a second is less than a shard past the floor
+    assert floor <= shown["ahead_bytes"] < floor + size
+    after = await scrape(node)
+    assert value(after, "stager_plan_ahead_bytes", **labels) == shown["ahead_bytes"]
+    assert value(after, "stager_plan_consumer_rate_bytes_per_second", **labels) > 0
+    await plan.close()
+
+
+async def test_a_bad_floor_or_seconds_is_refused_with_one_line_naming_it(node):
+    await node.start()
+    status, body = await node.raw("PUT", "/v1/consumers/c0/plans/p0",
+                                  json={"dataset": {"url": node.proxy.url}, "ahead_seconds": -3})
+    assert status == 400 and "ahead_seconds" in str(body)
+    status, body = await node.raw("PUT", "/v1/consumers/c0/plans/p0",
+                                  json={"dataset": {"url": node.proxy.url}, "floor_bytes": "lots"})
+    assert status == 400 and "floor_bytes" in str(body)
