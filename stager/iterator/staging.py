@@ -29,6 +29,7 @@ from ..config import CacheConfig, FetchConfig, SourceConfig
 from ..manifest import Manifest
 from ..session import DatasetHandle, PlanHandle, Session, open_session
 from .loop_thread import LoopThread
+from .shard_plan import AheadBounds
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class StagingLink:
     def __init__(self, source: SourceConfig, manifest: Manifest, cache: CacheConfig, fetch: FetchConfig,
                  mode: str = "auto", socket: str | os.PathLike[str] | None = None) -> None:
         self.loop = LoopThread()
+        self.ahead_seconds = fetch.ahead_seconds  # None: the engine's (or the daemon's) setting
         self.session: Session | None = None
         self.dataset: DatasetHandle | None = None
         self.plan: PlanHandle | None = None
@@ -71,14 +73,21 @@ class StagingLink:
     def usable(self) -> bool:
         return self.loop.usable
 
-    def start_plan(self, order: np.ndarray, window_bytes: int | None, name: str) -> None:
-        """Replace the current plan by one over ``order`` (manifest indexes, first touch first)."""
-        self.loop.run(self._start_plan(order, window_bytes, name))
+    def start_plan(self, order: np.ndarray, ahead: AheadBounds | int | None, name: str) -> None:
+        """Replace the current plan by one over ``order`` (manifest indexes, first touch first).
 
-    async def _start_plan(self, order: np.ndarray, window_bytes: int | None, name: str) -> None:
+        ``ahead``: the shard planner's floor and window, or a window in bytes alone (no floor), or
+        None (the session's window); the engine stages the fetch settings' ``ahead_seconds`` of this
+        consumer's measured rate past the floor, within the window.
+        """
+        self.loop.run(self._start_plan(order, ahead, name))
+
+    async def _start_plan(self, order: np.ndarray, ahead: AheadBounds | int | None, name: str) -> None:
         await self._end_plan()
         assert self.session is not None and self.dataset is not None
-        self.plan = await self.session.plan(self.dataset, order, window_bytes=window_bytes, name=name)
+        window, floor = (ahead.window_bytes, ahead.floor_bytes) if isinstance(ahead, AheadBounds) else (ahead, None)
+        self.plan = await self.session.plan(self.dataset, order, window_bytes=window, name=name, floor_bytes=floor,
+                                            ahead_seconds=self.ahead_seconds)
 
     def end_plan(self) -> None:
         if self.plan is not None and self.usable:
