@@ -4,10 +4,23 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 from stager.config import SourceConfig
+from tests.daemon.support import REPO
 
 from .test_metrics import scrape, value
+
+
+async def status_table(node) -> tuple[int, str]:
+    """``stager status`` as a person sees it (its tables, on stderr, wide enough not to wrap)."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("STAGER_")}, "COLUMNS": "220"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "stager", "status", "--cache", str(node.work / "cache"), "--socket", str(node.socket),
+        cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    return proc.returncode, err.decode()
 
 
 async def test_floor_and_seconds_cross_the_socket_and_status_and_metrics_show_rate_and_ahead(node):
@@ -45,6 +58,9 @@ async def test_floor_and_seconds_cross_the_socket_and_status_and_metrics_show_ra
     after = await scrape(node)
     assert value(after, "stager_plan_ahead_bytes", **labels) == shown["ahead_bytes"]
     assert value(after, "stager_plan_consumer_rate_bytes_per_second", **labels) > 0
+    code, err = await status_table(node)
+    assert code == 0, err
+    assert "reads" in err and "stages ahead" in err and "MB/s" in err  # the plans' table, as a person reads it
     await plan.close()
 
 
