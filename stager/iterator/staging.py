@@ -120,7 +120,13 @@ class StagingLink:
 
     async def _stats(self) -> dict[str, float]:
         assert self.session is not None
-        return dict(self.session.stats())
+        stats = dict(self.session.stats())
+        ahead = self.plan.read_ahead() if self.plan is not None else None
+        if ahead is not None:  # the plan runs in this process (through the daemon, `stager status` shows it)
+            rate, stats["plan_ahead_bytes"] = ahead
+            if rate is not None:
+                stats["plan_rate"] = rate
+        return stats
 
     def close(self) -> None:
         """Close the plan and the session, stop the loop. Idempotent; a no-op in a forked child.
@@ -169,6 +175,11 @@ def load_manifest_sync(source: SourceConfig, fetch: FetchConfig) -> Manifest:
 
 def describe(stats: dict[str, Any]) -> str:
     """One log line out of :meth:`TokenIterator.stats`."""
-    return ("stager: waited {wait_seconds:.2f}s for data ({waits} waits), {cache_hits} of {shards_opened} shards "
+    line = ("stager: waited {wait_seconds:.2f}s for data ({waits} waits), {cache_hits} of {shards_opened} shards "
             "ready on arrival, {bytes_staged:,} bytes staged, {retries} retries, {ready_steps} steps ready ahead"
             ).format(**stats)
+    if "session_plan_ahead_bytes" in stats:
+        rate = stats.get("session_plan_rate")
+        line += (", reading " + ("at a rate not measured yet" if rate is None else f"{rate / 1e6:,.1f} MB/s")
+                 + f", staging {stats['session_plan_ahead_bytes'] / 1e6:,.0f} MB ahead")
+    return line

@@ -44,6 +44,12 @@ class PlanHandle(abc.ABC):
     async def advance(self, position: int) -> None:
         """The consumer is done with every position before ``position``."""
 
+    def read_ahead(self) -> tuple[float | None, int] | None:
+        """The consumer's measured rate (bytes/s; None before its cursor has moved) and how many bytes
+        ahead of the cursor the plan stages now, when this process runs the plan; None when the node
+        daemon does (``stager status`` and /metrics show them there)."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop prefetching for this plan."""

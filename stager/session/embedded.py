@@ -34,6 +34,9 @@ class EmbeddedPlan(PlanHandle):
     async def advance(self, position: int) -> None:
         self.plan.advance(position)
 
+    def read_ahead(self) -> tuple[float | None, int] | None:
+        return self.plan.rate, self.plan.ahead_bytes
+
     async def close(self) -> None:
         await self.plan.close()
 

@@ -102,6 +102,9 @@ class FailoverPlan(PlanHandle):
             session.wait_seconds += time.monotonic() - began
             session.waits += 1
 
+    def read_ahead(self) -> tuple[float | None, int] | None:
+        return self.embedded.read_ahead() if self.embedded is not None else None
+
     async def advance(self, position: int) -> None:
         """The consumer is done with every position before ``position`` (see :meth:`DaemonPlan.advance`)."""
         self.cursor = max(self.cursor, min(max(position, 0), len(self)))

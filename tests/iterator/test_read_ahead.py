@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stager.errors import ConfigError
+from stager.iterator.staging import describe
 from tests.iterator.test_iterator import FETCH, corpus, iterator  # noqa: F401 - corpus is a fixture
 
 
@@ -33,3 +34,15 @@ def test_a_bad_ahead_seconds_is_one_clear_error(corpus, tmp_path, bad):
     data, _ = corpus
     with pytest.raises(ConfigError, match="ahead_seconds"):
         iterator(data, tmp_path / "cache", ahead_seconds=bad)
+
+
+def test_the_log_line_says_the_loops_rate_and_how_far_ahead_it_stages(corpus, tmp_path):
+    data, _ = corpus
+    with iterator(data, tmp_path / "cache", session="embedded") as it:
+        next(iter(it))
+        stats = it.stats()
+        plan = it._link.plan.plan
+        assert stats["session_plan_ahead_bytes"] == plan.ahead_bytes
+        assert ("session_plan_rate" in stats) == (plan.rate is not None)
+        line = describe(stats)
+        assert f"staging {plan.ahead_bytes / 1e6:,.0f} MB ahead" in line and "reading " in line
