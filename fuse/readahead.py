@@ -200,9 +200,7 @@ class ReadAhead:
         """
         old = stream.plan
         plan = await self._quietly(self.session.plan(
-            # The stream's window is sized by its reads already: all of it, whatever the rate.
             self.dataset, self.order[stream.target:stream.stop], window_bytes=max(1, stream.window),
-            floor_bytes=max(1, stream.window),
             name=f"mount-readahead-{self.plans_made}"), "starting read-ahead")
         if plan is None:
             if stream in self._streams:

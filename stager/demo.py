@@ -79,8 +79,7 @@ async def run_demo(config: DemoConfig, say) -> None:
                 with byte_progress("staging") as progress:
                     progress.set_total(len(manifest), manifest.total_bytes)
                     engine.add_block_listener(lambda ref, n: progress.advance(n))
-                    plan = engine.plan(dataset, window_bytes=manifest.total_bytes, floor_bytes=manifest.total_bytes,
-                                       name="demo")
+                    plan = engine.plan(dataset, window_bytes=manifest.total_bytes, name="demo")
                     for position in range(len(plan)):
                         await plan.ready(position)
                     await plan.close()

@@ -211,9 +211,7 @@ class CheckpointReader(FileSystemReader):
         manifest = self.manifest.to_manifest(records)  # type: ignore[union-attr]
         try:
             dataset = await session.open_dataset(SourceConfig(url, self._options(url)), manifest)
-            # The reader never advances (a restore wants every file): the whole window, whatever the rate.
-            plan = await session.plan(dataset, list(range(len(records))), name=f"checkpoint {self.url}",
-                                      floor_bytes=max(1, manifest.total_bytes))
+            plan = await session.plan(dataset, list(range(len(records))), name=f"checkpoint {self.url}")
         except (OriginError, CacheError) as exc:
             for record in records:
                 self._passed_over(record.path, url, exc)

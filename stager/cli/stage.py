@@ -109,9 +109,8 @@ async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | 
             by_blocks = isinstance(session, EmbeddedSession)
             if by_blocks:
                 session.engine.add_block_listener(lambda ref, n: progress.advance(n))
-            # Everything asked for, whatever the pace: the floor is the whole window.
             plan = await session.plan(dataset, np.arange(count, dtype=np.int64), window_bytes=max(total, 1),
-                                      floor_bytes=max(total, 1), name="stage")
+                                      name="stage")
             jobs = asyncio.Semaphore(max(4, concurrency * 2))
             arrived = 0  # bytes of the requested shards that were not in the cache when we started
 
