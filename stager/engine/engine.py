@@ -104,8 +104,10 @@ class Engine(AsyncClosing):
         Args:
             window_bytes: the most staged ahead of the cursor (default: the fetch window; at most half
                 the cache).
-            floor_bytes: staged ahead of the cursor whatever the consumer's rate (default 0; as much as
-                the window stages the whole window, as before read-ahead was measured in time).
+            floor_bytes: staged ahead of the cursor whatever the consumer's rate; None (a consumer that
+                does not say, or one of an earlier version through the daemon): the whole window, as
+                before read-ahead was measured in time. Only a plan that names its floor (0 is one) is
+                bounded by time.
             ahead_seconds: seconds of the consumer's measured rate staged past the floor (default: the
                 fetch settings', else DEFAULT_AHEAD_SECONDS).
             clock: the time base of the consumer's rate (tests pass their own).
@@ -117,7 +119,8 @@ class Engine(AsyncClosing):
         window = min(window, max(1, self.cache.capacity // 2))  # leave room to stream through a small cache
         seconds = ahead_seconds if ahead_seconds is not None else self.config.ahead_seconds or DEFAULT_AHEAD_SECONDS
         plan = Plan(self.context, self, dataset, order, window, name or f"plan-{len(self._plans)}",
-                    floor_bytes=floor_bytes or 0, ahead_seconds=seconds, clock=clock or time.monotonic)
+                    floor_bytes=window if floor_bytes is None else floor_bytes, ahead_seconds=seconds,
+                    clock=clock or time.monotonic)
         self._plans.append(plan)
         if start:
             plan.start()

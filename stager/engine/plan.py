@@ -10,8 +10,9 @@ reaches a blob that is not there yet, :meth:`Plan.ready` makes it urgent.
 The window is measured in time, not only bytes (:mod:`.read_ahead`): what the
 consumer will read in the next ``ahead_seconds`` at its measured rate, past a
 floor it asks for (the iterator: its current and next shuffle window) and
-never past the byte window. A consumer that never advances (``stage`` asking
-for everything) says so with a floor as large as its window.
+never past the byte window. A consumer that names no floor (``stage``, the
+mount, a checkpoint restore: they never advance, or size their window by
+their own reads) has its whole window as the floor, as before.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ measured rate, between two bounds:
 
 So ``ahead = floor + rate x seconds``, clamped to the cap. Before the rate is
 known (a cold start: the cursor has not moved yet) the plan stages the floor
-and :data:`FIRST_GUESS_BYTES` more.
+and :data:`FIRST_GUESS_BYTES` more. A consumer that names no floor gets its
+whole window as one (``stage``, the mount's streams and a checkpoint restore
+never advance, or size their window by their own reads; a consumer of an
+earlier version says nothing): time bounds only the plans that ask for it.
 
 The rate (:class:`ConsumptionRate`) is the bytes of the order the cursor
 passes per second of the clock, smoothed. It rises quickly (a consumer that

@@ -230,7 +230,10 @@ async def test_the_engine_default_seconds_come_from_the_fetch_settings(corpus, t
         async with Engine(cache, FetchConfig(ahead_seconds=7.5)) as engine:
             dataset = await engine.open_dataset(source)
             plan = engine.plan(dataset, start=False)
-            assert (plan.ahead_seconds, plan.floor_bytes) == (7.5, 0)
+            # no floor named: the whole window is the floor (stage, the mount, earlier consumers)
+            assert (plan.ahead_seconds, plan.floor_bytes, plan.ahead_bytes) == (7.5, plan.window_bytes,
+                                                                               plan.window_bytes)
+            assert engine.plan(dataset, floor_bytes=0, start=False).floor_bytes == 0
             assert engine.plan(dataset, ahead_seconds=3.0, start=False).ahead_seconds == 3.0
             with pytest.raises(StagerError, match="plan bad"):
                 engine.plan(dataset, ahead_seconds=-1.0, name="bad", start=False)
