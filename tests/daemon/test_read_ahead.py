@@ -72,3 +72,30 @@ async def test_a_bad_floor_or_seconds_is_refused_with_one_line_naming_it(node):
     status, body = await node.raw("PUT", "/v1/consumers/c0/plans/p0",
                                   json={"dataset": {"url": node.proxy.url}, "floor_bytes": "lots"})
     assert status == 400 and "floor_bytes" in str(body)
+
+
+async def test_a_daemon_of_an_earlier_version_gets_the_plan_without_the_fields_it_does_not_know(node, monkeypatch):
+    """Daemons before time-bounded read-ahead refuse unknown plan fields; a newer consumer registers its plan
+    without them there (such a daemon stages the whole window, which holds the floor)."""
+    from stager.daemon import schema
+    from stager.errors import DaemonRequestError
+
+    current = schema.plan_request
+
+    def earlier(body, *, local_sources):
+        unknown = {"floor_bytes", "ahead_seconds"} & set(body)
+        if unknown:  # the earlier daemon's own words
+            raise DaemonRequestError(f"plan: unknown fields {sorted(unknown)}")
+        return current(body, local_sources=local_sources)
+
+    monkeypatch.setattr(schema, "plan_request", earlier)
+    m = node.corpus.manifest
+    await node.start()
+    session = node.session()
+    dataset = await session.open_dataset(SourceConfig(node.proxy.url))
+    plan = await session.plan(dataset, name="reader", floor_bytes=int(m.sizes[0]), ahead_seconds=5.0)
+    daemon_plan = node.daemons[0].registry.plans()[0].plan
+    # as such a daemon does: the whole window
+    assert daemon_plan.floor_bytes == daemon_plan.ahead_bytes == daemon_plan.window_bytes
+    assert (await plan.ready(len(m) - 1)).read_bytes() == (node.corpus.root / m.paths[len(m) - 1]).read_bytes()
+    await plan.close()
