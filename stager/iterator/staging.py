@@ -76,9 +76,9 @@ class StagingLink:
     def start_plan(self, order: np.ndarray, ahead: AheadBounds | int | None, name: str) -> None:
         """Replace the current plan by one over ``order`` (manifest indexes, first touch first).
 
-        ``ahead``: the shard planner's floor and window, or a window in bytes alone (no floor), or
-        None (the session's window); the engine stages the fetch settings' ``ahead_seconds`` of this
-        consumer's measured rate past the floor, within the window.
+        ``ahead``: the shard planner's floor and window, with which the engine stages the fetch
+        settings' ``ahead_seconds`` of this consumer's measured rate past the floor, within the
+        window; or a window in bytes alone, or None (the session's), staged whole.
         """
         self.loop.run(self._start_plan(order, ahead, name))
 

@@ -70,7 +70,8 @@ class Session(abc.ABC):
 
         ``window_bytes`` is the most staged ahead of the consumer's cursor, ``floor_bytes`` what is
         staged ahead whatever its pace, and ``ahead_seconds`` how many seconds of its measured rate are
-        staged past the floor (see :mod:`stager.engine.read_ahead`); None leaves each to the engine.
+        staged past the floor (see :mod:`stager.engine.read_ahead`). No floor: the whole window is staged,
+        as for a consumer that never advances; no window or seconds: the engine's (or daemon's) own.
         """
 
     @abc.abstractmethod
