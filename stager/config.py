@@ -29,6 +29,11 @@ GiB = 1024 * MiB
 TiB = 1024 * GiB
 
 DEFAULT_BLOCK_SIZE = 1 * MiB
+#: Seconds of a consumer's measured reading a plan stages ahead of its cursor (past its floor, within its
+#: byte window; see stager/engine/read_ahead.py). A minute rides out the origin's slow spells (a throttled
+#: or congested link, retries of a shard) with room to spare, yet a job that stops early leaves at most a
+#: minute of its reading fetched for nothing, and nodes sharing one origin link each take what they use.
+DEFAULT_AHEAD_SECONDS = 60.0
 #: Where the cache and replicate's state lived before they followed the XDG base directories.
 LEGACY_CACHE_DIR = "~/.cache/stager"
 LEGACY_STATE_ROOT = "~/.cache/stager/replicate"
@@ -234,7 +239,10 @@ class FetchConfig:
     # which starts at 16 and follows the origin; memory bounds it further (requests x their buffers).
     concurrency: int = 256
     request_bytes: int = 8 * MiB  # the most one ranged GET asks for: consecutive wanted blocks share a request
-    window_bytes: int = 2 * GiB  # how far ahead of each consumer's cursor to stage
+    window_bytes: int = 2 * GiB  # the most a plan stages ahead of its consumer's cursor (the cache's bound)
+    # Seconds of the consumer's measured rate a plan stages ahead (past its floor, up to the window);
+    # None: the engine's default, DEFAULT_AHEAD_SECONDS (through the daemon: the daemon's setting).
+    ahead_seconds: float | None = None
     bandwidth: int | None = None  # bytes per second, None = unlimited
     hedge: bool = True
     hedge_factor: float = 2.0  # a request slower than p95 * factor is raced
@@ -250,6 +258,8 @@ class FetchConfig:
             raise ConfigError(f"concurrency must be in 1..4096, got {self.concurrency}")
         if self.window_bytes <= 0:
             raise ConfigError(f"window must be > 0 bytes, got {self.window_bytes}")
+        if self.ahead_seconds is not None:
+            object.__setattr__(self, "ahead_seconds", parse_seconds(self.ahead_seconds, what="ahead_seconds"))
         if self.request_bytes <= 0:
             raise ConfigError(f"request size must be > 0 bytes, got {self.request_bytes}")
         if self.bandwidth is not None and self.bandwidth <= 0:

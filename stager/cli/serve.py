@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..cluster.membership import parse_peer_spec
-from ..config import FetchConfig, parse_address
+from ..config import DEFAULT_AHEAD_SECONDS, FetchConfig, parse_address
 from ..daemon.config import DRAIN_TIMEOUT, LEASE, DaemonConfig
 from ..daemon_client import default_socket_path
 from ..errors import ConfigError
@@ -28,7 +28,12 @@ if TYPE_CHECKING:
 @write_flags
 @click.option("--window", type=POSITIVE_SIZE, default=FetchConfig().window_bytes, envvar="STAGER_WINDOW",
               show_default="2GiB",
-              help="Default prefetch window ahead of each consumer's cursor (a plan may ask for another).")
+              help="Default prefetch window ahead of each consumer's cursor (a plan may ask for another): the "
+              "most staged ahead of it.")
+@click.option("--ahead-seconds", type=SECONDS, default=DEFAULT_AHEAD_SECONDS, envvar="STAGER_AHEAD_SECONDS",
+              show_default=True,
+              help="Seconds of each consumer's measured reading staged ahead of its cursor, past what it needs "
+              "not to stall and within --window (a plan may ask for another).")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False, path_type=Path), envvar="STAGER_SOCKET",
               default=None, help="Unix socket of the control API [default: /run/stager/stager.sock when that "
               "directory is usable, else $XDG_RUNTIME_DIR/stager/stager.sock or /tmp/stager-UID/stager.sock].")
@@ -69,7 +74,8 @@ if TYPE_CHECKING:
               help="TOML config file (the same as `stager --config FILE serve`).")
 def serve_command(cache_dir: str | None, capacity: Capacity, concurrency: int,
                   bandwidth: int | None, no_hedge: bool,
-                  retry_deadline: float, direct_writes: bool, window: int, socket_path: Path | None,
+                  retry_deadline: float, direct_writes: bool, window: int, ahead_seconds: float,
+                  socket_path: Path | None,
                   socket_group: str | None, metrics_address: str | None, drain_timeout: float, lease: float,
                   local_sources: bool, peer_listen: str | None, peers: str | None, peer_secret_file: str | None,
                   peer_tls_cert: str | None, peer_tls_key: str | None, peer_tls_ca: str | None,
@@ -88,7 +94,8 @@ def serve_command(cache_dir: str | None, capacity: Capacity, concurrency: int,
     daemon = DaemonConfig(socket=socket_path or default_socket_path(), socket_group=socket_group,
                           metrics_address=metrics_address, drain_timeout=drain_timeout, lease=lease,
                           local_sources=local_sources)
-    fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline, window_bytes=window)
+    fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline, window_bytes=window,
+                         ahead_seconds=ahead_seconds)
     cluster = peer_config(peer_listen, peers, peer_secret_file, peer_tls_cert, peer_tls_key, peer_tls_ca,
                           peer_bandwidth)
     run_async(run_daemon(daemon, cache_config(cache_dir, capacity, direct_writes), fetch, cluster))

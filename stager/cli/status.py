@@ -108,10 +108,13 @@ def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, soc
     if datasets:
         stderr_console().print(table)
     if daemon is not None and daemon["plans"]:
-        plans = Table("consumer", "plan", "dataset", "position", "ready ahead")
+        plans = Table("consumer", "plan", "dataset", "position", "ready ahead", "reads", "stages ahead")
         for p in daemon["plans"]:
+            rate = p.get("rate")  # a daemon of an earlier version shows neither
             plans.add_row(p["consumer"], p["plan"], p["dataset"], f"{p['cursor']:,} / {p['length']:,}",
-                          f"{p['ready_steps']:,} shards, {_size(p['ready_bytes'])}")
+                          f"{p['ready_steps']:,} shards, {_size(p['ready_bytes'])}",
+                          "not measured yet" if rate is None else f"{rate / 1e6:,.1f} MB/s",
+                          _size(p["ahead_bytes"]) if "ahead_bytes" in p else "")
         stderr_console().print(plans)
 
 

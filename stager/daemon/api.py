@@ -8,7 +8,8 @@
     POST   /v1/datasets                              open a dataset: {"dataset": SOURCE, "fingerprint"?}
     PUT    /v1/consumers/{c}/plans/{p}               register or replace a plan:
                                                      {"dataset", "fingerprint", "order"|"order_b64",
-                                                      "cursor", "window_bytes", "name"}
+                                                      "cursor", "window_bytes", "name", "floor_bytes"?,
+                                                      "ahead_seconds"?}
     POST   /v1/consumers/{c}/plans/{p}/advance       {"position": n, "hits"?, "hit_bytes"?}: positions before n
                                                      are consumed; hits: blobs found complete without asking
     GET    /v1/consumers/{c}/plans/{p}/ready         ?position=n&timeout=s[&again=1]: long-poll, 200 {"path"}
@@ -208,9 +209,11 @@ async def register_plan(request: web.Request) -> web.Response:
         assert plan_id is not None
         plan = await daemon.registry.register(consumer, key, plan_id, dataset, order, fingerprint=fingerprint,
                                               cursor=req.cursor, window_bytes=req.window_bytes, name=req.name,
-                                              pid=_peer_pid(request))
+                                              pid=_peer_pid(request), floor_bytes=req.floor_bytes,
+                                              ahead_seconds=req.ahead_seconds)
     return web.json_response({"plan": plan_id, "length": len(plan), "cursor": plan.cursor,
-                              "window_bytes": plan.window_bytes, "lease": daemon.config.lease})
+                              "window_bytes": plan.window_bytes, "floor_bytes": plan.floor_bytes,
+                              "ahead_seconds": plan.ahead_seconds, "lease": daemon.config.lease})
 
 
 async def advance(request: web.Request) -> web.Response:

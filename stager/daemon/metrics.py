@@ -40,6 +40,8 @@ class PlanSnapshot:
     window_bytes: int
     ready_steps: int  # consecutive positions from the cursor whose blobs are complete
     ready_bytes: int
+    ahead_bytes: int = 0  # how far ahead of the cursor the plan stages now (its window in time, bounded)
+    rate: float | None = None  # the consumer's measured bytes/s; None before its cursor has moved
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,12 @@ class _SnapshotCollector(Collector):
         cursor = GaugeMetricFamily("stager_plan_cursor", "A plan's cursor (positions consumed).", labels=labels)
         length = GaugeMetricFamily("stager_plan_length", "A plan's length in positions.", labels=labels)
         window = GaugeMetricFamily("stager_plan_window_bytes", "A plan's prefetch window in bytes.", labels=labels)
+        ahead = GaugeMetricFamily("stager_plan_ahead_bytes",
+                                  "How far ahead of its cursor a plan stages now: seconds of its consumer's measured "
+                                  "rate past its floor, at most its window.", labels=labels)
+        rate = GaugeMetricFamily("stager_plan_consumer_rate_bytes_per_second",
+                                 "A plan's consumer's measured rate (bytes of its order per second, smoothed); "
+                                 "absent before its cursor has moved.", labels=labels)
         for p in s.plans:
             key = [p.consumer, p.plan, p.dataset]
             steps.add_metric(key, p.ready_steps)
@@ -163,7 +171,10 @@ class _SnapshotCollector(Collector):
             cursor.add_metric(key, p.cursor)
             length.add_metric(key, p.length)
             window.add_metric(key, p.window_bytes)
-        yield from (steps, ready_bytes, cursor, length, window)
+            ahead.add_metric(key, p.ahead_bytes)
+            if p.rate is not None:
+                rate.add_metric(key, p.rate)
+        yield from (steps, ready_bytes, cursor, length, window, ahead, rate)
         if s.cluster is not None:
             from ..cluster.metrics import cluster_metrics
 

@@ -124,7 +124,8 @@ class PlanRegistry:
 
     async def register(self, consumer_id: str, key: str, plan_id: str, dataset: Dataset,
                        order: np.ndarray | None, *, fingerprint: str, cursor: int = 0,
-                       window_bytes: int | None = None, name: str | None = None, pid: int | None = None) -> Plan:
+                       window_bytes: int | None = None, name: str | None = None, pid: int | None = None,
+                       floor_bytes: int | None = None, ahead_seconds: float | None = None) -> Plan:
         """Create (or replace) a consumer's plan, prefetching from ``cursor``.
 
         Raises:
@@ -135,7 +136,8 @@ class PlanRegistry:
         if old is not None:
             await old.plan.close()
         label = f"{consumer_id}/{plan_id}" + (f" ({name})" if name else "")
-        plan = self.engine.plan(dataset, order, window_bytes=window_bytes, name=label, start=False)
+        plan = self.engine.plan(dataset, order, window_bytes=window_bytes, name=label, start=False,
+                                floor_bytes=floor_bytes, ahead_seconds=ahead_seconds)
         # A consumer coming back after a restart resumes at its cursor; the positions before it
         # were consumed already, so they are neither fetched nor protected.
         plan.cursor = min(cursor, len(plan))

@@ -214,13 +214,21 @@ class PlanRequest:
     cursor: int
     window_bytes: int | None
     name: str | None
+    floor_bytes: int | None = None
+    ahead_seconds: float | None = None
+
+
+#: The most seconds ahead a plan may ask for (a day: past it the byte window decides anyway).
+MAX_AHEAD_SECONDS = 86_400.0
 
 
 def plan_request(body: Mapping[str, Any], *, local_sources: bool) -> PlanRequest:
-    unknown = set(body) - {"dataset", "fingerprint", "order", "order_b64", "cursor", "window_bytes", "name"}
+    unknown = set(body) - {"dataset", "fingerprint", "order", "order_b64", "cursor", "window_bytes", "name",
+                           "floor_bytes", "ahead_seconds"}
     if unknown:
         raise DaemonRequestError(f"plan: unknown fields {sorted(unknown)}")
     window = body.get("window_bytes")
+    floor, ahead = body.get("floor_bytes"), body.get("ahead_seconds")
     return PlanRequest(
         source=source(body.get("dataset"), local_sources=local_sources),
         fingerprint=fingerprint(body.get("fingerprint")),
@@ -228,6 +236,8 @@ def plan_request(body: Mapping[str, Any], *, local_sources: bool) -> PlanRequest
         cursor=integer(body.get("cursor", 0), "cursor", high=MAX_PLAN),
         window_bytes=None if window is None else integer(window, "window_bytes", low=1),
         name=text(body.get("name"), "name"),
+        floor_bytes=None if floor is None else integer(floor, "floor_bytes"),
+        ahead_seconds=None if ahead is None else seconds(ahead, "ahead_seconds", high=MAX_AHEAD_SECONDS),
     )
 
 

@@ -242,8 +242,8 @@ class Daemon:
             end = min(len(plan), plan.cursor + READY_SCAN_LIMIT)
             m = plan.dataset.manifest
             indexes = plan.order[plan.cursor:end]
-            windows.append((reg, plan.cursor, len(plan), plan.window_bytes, plan.dataset.name,
-                            [m.digest(int(i)) for i in indexes], m.sizes[indexes].tolist()))
+            windows.append((reg, plan.cursor, len(plan), (plan.window_bytes, plan.ahead_bytes, plan.rate),
+                            plan.dataset.name, [m.digest(int(i)) for i in indexes], m.sizes[indexes].tolist()))
 
         def query() -> tuple[Any, list[tuple[int, int]]]:
             ready = []
@@ -257,8 +257,9 @@ class Daemon:
             return cache.usage(), ready
 
         usage, ready = await self._in_thread(query)
-        plans = [PlanSnapshot(reg.consumer, reg.id, name, cursor, length, window, steps, nbytes)
-                 for (reg, cursor, length, window, name, _, _), (steps, nbytes) in zip(windows, ready, strict=True)]
+        plans = [PlanSnapshot(reg.consumer, reg.id, name, cursor, length, window, steps, nbytes, ahead, rate)
+                 for (reg, cursor, length, (window, ahead, rate), name, _, _), (steps, nbytes)
+                 in zip(windows, ready, strict=True)]
         return DaemonSnapshot(
             engine=engine.stats.as_dict(), origin=engine.origin_stats.snapshot(), usage=usage,
             evicted_blobs=cache.evicted_blobs, evicted_bytes=cache.evicted_bytes, plans=plans,
@@ -282,8 +283,9 @@ class Daemon:
             "datasets": [{"name": d.name, "blobs": d.blobs, "bytes": d.bytes, "complete": d.complete,
                           "partial": d.partial, "complete_bytes": d.complete_bytes} for d in datasets],
             "plans": [{"consumer": p.consumer, "plan": p.plan, "dataset": p.dataset, "cursor": p.cursor,
-                       "length": p.length, "window_bytes": p.window_bytes, "ready_steps": p.ready_steps,
-                       "ready_bytes": p.ready_bytes} for p in snap.plans],
+                       "length": p.length, "window_bytes": p.window_bytes, "ahead_bytes": p.ahead_bytes,
+                       "rate": p.rate, "ready_steps": p.ready_steps, "ready_bytes": p.ready_bytes}
+                      for p in snap.plans],
             "engine": snap.engine,
             "origin": snap.origin,
             **({"cluster": snap.cluster} if snap.cluster is not None else {}),

@@ -2,7 +2,9 @@
 
 Consumers describe what they will read as a :class:`Plan` (an ordered list of a
 dataset's shards and a cursor). The :class:`Engine` fetches the blobs inside
-each plan's byte window, nearest first, as parallel verified block reads
+each plan's window (:mod:`.read_ahead`: what its consumer reads in the next
+minute at its measured rate, past a floor, within a byte window), nearest
+first, as parallel verified block reads
 through a :class:`PriorityGate`; a blob a consumer blocks on jumps the queue.
 Each blob is fetched once however many plans want it (``BlobJob``, shared
 through ``asyncio.shield``), and once across processes sharing a cache (the

@@ -44,6 +44,7 @@ from .job import BlobJob
 from .gate import PriorityGate
 from .hedging import LatencyTracker
 from .plan import URGENT, Plan
+from .read_ahead import DEFAULT_AHEAD_SECONDS
 from .source import BlobSources, OriginOnly
 from .stats import EngineStats
 
@@ -96,11 +97,30 @@ class Engine(AsyncClosing):
         return self._datasets[key]
 
     def plan(self, dataset: Dataset, order: Sequence[int] | np.ndarray | None = None, *,
-             window_bytes: int | None = None, name: str | None = None, start: bool = True) -> Plan:
-        """Register a consumer's future reads; its prefetcher starts at once unless ``start`` is false."""
+             window_bytes: int | None = None, floor_bytes: int | None = None, ahead_seconds: float | None = None,
+             name: str | None = None, start: bool = True, clock: Callable[[], float] | None = None) -> Plan:
+        """Register a consumer's future reads; its prefetcher starts at once unless ``start`` is false.
+
+        Args:
+            window_bytes: the most staged ahead of the cursor (default: the fetch window; at most half
+                the cache).
+            floor_bytes: staged ahead of the cursor whatever the consumer's rate; None (a consumer that
+                does not say, or one of an earlier version through the daemon): the whole window, as
+                before read-ahead was measured in time. Only a plan that names its floor (0 is one) is
+                bounded by time.
+            ahead_seconds: seconds of the consumer's measured rate staged past the floor (default: the
+                fetch settings', else DEFAULT_AHEAD_SECONDS).
+            clock: the time base of the consumer's rate (tests pass their own).
+
+        Raises:
+            StagerError: an order outside the manifest, or a bound that is not positive.
+        """
         window = window_bytes or self.config.window_bytes
         window = min(window, max(1, self.cache.capacity // 2))  # leave room to stream through a small cache
-        plan = Plan(self.context, self, dataset, order, window, name or f"plan-{len(self._plans)}")
+        seconds = ahead_seconds if ahead_seconds is not None else self.config.ahead_seconds or DEFAULT_AHEAD_SECONDS
+        plan = Plan(self.context, self, dataset, order, window, name or f"plan-{len(self._plans)}",
+                    floor_bytes=window if floor_bytes is None else floor_bytes, ahead_seconds=seconds,
+                    clock=clock or time.monotonic)
         self._plans.append(plan)
         if start:
             plan.start()

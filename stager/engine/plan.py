@@ -2,10 +2,17 @@
 
 The consumer (the token iterator, the mount's sequential reader, ``stage``)
 knows its future order. The plan's prefetcher walks that order from the
-cursor and asks the engine for every blob inside the byte window ahead of it,
+cursor and asks the engine for every blob inside the window ahead of it,
 nearest first; as the consumer advances, the window slides and the blobs left
 behind are marked consumed so eviction takes them first. When the consumer
 reaches a blob that is not there yet, :meth:`Plan.ready` makes it urgent.
+
+The window is measured in time, not only bytes (:mod:`.read_ahead`): what the
+consumer will read in the next ``ahead_seconds`` at its measured rate, past a
+floor it asks for (the iterator: its current and next shuffle window) and
+never past the byte window. A consumer that names no floor (``stage``, the
+mount, a checkpoint restore: they never advance, or size their window by
+their own reads) has its whole window as the floor, as before.
 """
 
 from __future__ import annotations
@@ -14,13 +21,14 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
 from ..aio import wait_until_set
 from ..cache import BlobState
 from ..errors import CacheFull, DiskFull, StagerError
+from .read_ahead import DEFAULT_AHEAD_SECONDS, ConsumptionRate, ReadAhead
 
 if TYPE_CHECKING:
     from .context import FetchContext
@@ -44,10 +52,17 @@ class PlanOwner(Protocol):
 
 
 class Plan:
-    """One consumer's future reads of one dataset (positions index ``order``)."""
+    """One consumer's future reads of one dataset (positions index ``order``).
+
+    ``window_bytes`` caps how far ahead of the cursor it stages, ``floor_bytes`` is staged ahead
+    whatever the consumer's rate, and ``ahead_seconds`` of the consumer's rate past the floor in
+    between; ``clock`` is the rate's time base (tests pass their own).
+    """
 
     def __init__(self, ctx: "FetchContext", owner: PlanOwner, dataset: "Dataset",
-                 order: Sequence[int] | np.ndarray | None, window_bytes: int, name: str) -> None:
+                 order: Sequence[int] | np.ndarray | None, window_bytes: int, name: str, *,
+                 floor_bytes: int = 0, ahead_seconds: float = DEFAULT_AHEAD_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         manifest = dataset.manifest
         self._ctx = ctx
         self._owner = owner
@@ -56,10 +71,17 @@ class Plan:
         self.order = np.arange(len(manifest), dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
         if len(self.order) and (self.order.min() < 0 or self.order.max() >= len(manifest)):
             raise StagerError(f"plan {name}: positions outside the manifest's {len(manifest)} shards")
-        self.window_bytes = window_bytes
+        try:
+            self.bounds = ReadAhead(window_bytes, floor_bytes, ahead_seconds)
+        except ValueError as exc:
+            raise StagerError(f"plan {name}: {exc}") from None
+        self.consumption = ConsumptionRate(clock)
         self.cursor = 0
         self._ends = np.cumsum(manifest.sizes[self.order]) if len(self.order) else np.zeros(0, np.int64)
         self._moved = asyncio.Event()
+        #: Set while the prefetcher has asked for every blob of its window and none is in flight
+        #: (cleared by a move of the cursor until the prefetcher has seen it).
+        self.idle = asyncio.Event()
         self._positions_of: dict[str, int] | None = None
         self.last_error: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
@@ -71,12 +93,35 @@ class Plan:
         if self._task is None:
             self._task = asyncio.create_task(self._prefetch(), name=f"prefetch {self.name}")
 
+    @property
+    def window_bytes(self) -> int:
+        """The most this plan stages ahead of its cursor (its byte window)."""
+        return self.bounds.cap_bytes
+
+    @property
+    def floor_bytes(self) -> int:
+        return self.bounds.floor_bytes
+
+    @property
+    def ahead_seconds(self) -> float:
+        return self.bounds.seconds
+
+    @property
+    def rate(self) -> float | None:
+        """The consumer's measured rate, bytes of the order per second; None before the cursor has moved."""
+        return self.consumption.rate
+
+    @property
+    def ahead_bytes(self) -> int:
+        """How far ahead of the cursor the plan stages now: the effective window."""
+        return self.bounds.bytes_for(self.consumption.rate)
+
     def window_end(self) -> int:
         """First position past the window that starts at the cursor (always past the cursor)."""
         if self.cursor >= len(self.order):
             return len(self.order)
         base = self._ends[self.cursor - 1] if self.cursor else 0
-        end = int(np.searchsorted(self._ends, base + self.window_bytes, side="right"))
+        end = int(np.searchsorted(self._ends, base + self.ahead_bytes, side="right"))
         return min(len(self.order), max(end, self.cursor + 1))
 
     def window_digests(self) -> set[str]:
@@ -100,8 +145,12 @@ class Plan:
             return
         m = self.dataset.manifest
         consumed = [m.digest(int(i)) for i in self.order[self.cursor:position]]
+        before = self._ends[self.cursor - 1] if self.cursor else 0
+        self.consumption.passed(int(self._ends[position - 1] - before))
         self.cursor = position
         self._owner.mark_consumed(consumed, self.name)
+        if self._task is not None and not self._task.done():  # one that has ended has staged the whole order
+            self.idle.clear()  # until the prefetcher has looked at the moved window
         self._moved.set()
 
     def ref(self, position: int):
@@ -157,6 +206,10 @@ class Plan:
                         in_flight[next_pos] = asyncio.create_task(
                             owner.ensure(ref, priority=float(next_pos - self.cursor)))
                     next_pos += 1
+                if in_flight:
+                    self.idle.clear()
+                else:  # the scheduling above stops early only with fetches in flight: the window is asked for
+                    self.idle.set()
                 if next_pos >= len(self.order) and not in_flight:
                     return
                 moved = asyncio.ensure_future(self._moved.wait())

@@ -11,7 +11,7 @@ settings) already built.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -53,8 +53,12 @@ class IteratorConfig:
         fetch: how the engine fetches (concurrency, bandwidth, retries, ...).
         dtype: NumPy dtype of the yielded tokens (default: the shards' own, without a copy).
         token_column: the token column of Parquet / Arrow shards whose manifest names none.
-        prefetch_bytes: how far ahead of the cursor to stage (default: the fetch window, at
+        prefetch_bytes: the most staged ahead of the cursor (default: the fetch window, at
             least two shuffle windows; the engine caps it at half the cache).
+        ahead_seconds: seconds of this consumer's measured reading staged ahead of the cursor past
+            the current and next shuffle windows (which are always staged), up to ``prefetch_bytes``
+            (default: ``fetch.ahead_seconds``, else the engine's or the node daemon's, 60 s; see
+            :mod:`stager.engine.read_ahead`).
         log_every: seconds between progress log lines (0: never).
         make_ahead: with ``batches``, batches a helper thread makes while the loop computes, so
             that ``next()`` only takes one (0: each is made inside ``next()``). The loop never
@@ -90,6 +94,7 @@ class IteratorConfig:
     dtype: Any = None
     token_column: str = "tokens"
     prefetch_bytes: int | None = None
+    ahead_seconds: float | None = None
     log_every: float = 60.0
     make_ahead: int = 4
     session: str = "auto"
@@ -110,6 +115,9 @@ class IteratorConfig:
         set_(self, "cache", CacheConfig(directory=directory, capacity=self.capacity, direct_writes=False,
                                         verify_reads=self.verify_reads))
         set_(self, "fetch", self.fetch or FetchConfig())
+        if self.ahead_seconds is not None:  # checked by FetchConfig, which carries it to the engine
+            set_(self, "fetch", replace(self.fetch, ahead_seconds=self.ahead_seconds))
+            set_(self, "ahead_seconds", self.fetch.ahead_seconds)
         set_(self, "sample_spec", SampleSpec(self.seq_len, self.with_labels))
         set_(self, "order_spec", OrderSpec(self.seed, self.shuffle, self.shuffle_window))
         set_(self, "layout", Layout(self.world_size, self.rank, self.num_workers, self.worker, self.batch_size))

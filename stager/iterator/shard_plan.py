@@ -2,8 +2,12 @@
 
 The plan a consumer registers with its session is that order, with the first
 shuffle windows of the next epoch after it (so the epoch boundary is staged
-while this epoch ends, never waited on), and a prefetch window of at least
-two shuffle windows.
+while this epoch ends, never waited on). How far ahead of the cursor it is
+staged is the engine's to measure (seconds of the consumer's rate, see
+:mod:`stager.engine.read_ahead`) between two bounds the planner sets: a floor
+of two shuffle windows, the current one and the next, which must be complete
+before the cursor reaches them for the loop never to stall; and the prefetch
+window, at least as large, as the cap.
 """
 
 from __future__ import annotations
@@ -19,15 +23,24 @@ PLAN_BLOCK = 1 << 20  # positions mapped per call while computing the plan
 
 
 @dataclass(frozen=True, slots=True)
+class AheadBounds:
+    """How far ahead of its cursor a plan stages: ``floor_bytes`` whatever the consumer's pace (two
+    shuffle windows), at most ``window_bytes`` (the prefetch window, never below the floor)."""
+
+    floor_bytes: int
+    window_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class ShardPlan:
     """The shards of a slice from a position on, in order of first touch, and the window of each;
     ``staged`` is what the session is asked to stage (those, then the next epoch's first windows)
-    and ``ahead`` how many bytes ahead of the cursor."""
+    and ``ahead`` the bounds on how far ahead of the cursor."""
 
     shards: np.ndarray
     windows: np.ndarray
     staged: np.ndarray
-    ahead: int
+    ahead: AheadBounds
     name: str
 
 
@@ -52,10 +65,11 @@ def first_touch(order: EpochOrder, piece: Slice, start: int, shard_count: int) -
 def plan_shards(order: EpochOrder, following: EpochOrder, piece: Slice, start: int, sizes: np.ndarray,
                 prefetch_bytes: int) -> ShardPlan:
     """The plan of ``piece`` from sample ``start`` on; ``following`` is the next epoch's order and
-    ``prefetch_bytes`` the wished-for prefetch window (raised to two shuffle windows)."""
+    ``prefetch_bytes`` the wished-for prefetch window (raised to the floor, two shuffle windows)."""
     shards, windows = first_touch(order, piece, start, len(sizes))
-    ahead = max(prefetch_bytes, 2 * order.max_window_bytes(sizes))
-    extra, budget = [], ahead
+    floor = 2 * order.max_window_bytes(sizes)
+    ahead = AheadBounds(floor, max(prefetch_bytes, floor))
+    extra, budget = [], ahead.window_bytes
     for w in range(following.windows):
         if budget <= 0:
             break

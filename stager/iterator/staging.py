@@ -29,6 +29,7 @@ from ..config import CacheConfig, FetchConfig, SourceConfig
 from ..manifest import Manifest
 from ..session import DatasetHandle, PlanHandle, Session, open_session
 from .loop_thread import LoopThread
+from .shard_plan import AheadBounds
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class StagingLink:
     def __init__(self, source: SourceConfig, manifest: Manifest, cache: CacheConfig, fetch: FetchConfig,
                  mode: str = "auto", socket: str | os.PathLike[str] | None = None) -> None:
         self.loop = LoopThread()
+        self.ahead_seconds = fetch.ahead_seconds  # None: the engine's (or the daemon's) setting
         self.session: Session | None = None
         self.dataset: DatasetHandle | None = None
         self.plan: PlanHandle | None = None
@@ -71,14 +73,21 @@ class StagingLink:
     def usable(self) -> bool:
         return self.loop.usable
 
-    def start_plan(self, order: np.ndarray, window_bytes: int | None, name: str) -> None:
-        """Replace the current plan by one over ``order`` (manifest indexes, first touch first)."""
-        self.loop.run(self._start_plan(order, window_bytes, name))
+    def start_plan(self, order: np.ndarray, ahead: AheadBounds | int | None, name: str) -> None:
+        """Replace the current plan by one over ``order`` (manifest indexes, first touch first).
 
-    async def _start_plan(self, order: np.ndarray, window_bytes: int | None, name: str) -> None:
+        ``ahead``: the shard planner's floor and window, with which the engine stages the fetch
+        settings' ``ahead_seconds`` of this consumer's measured rate past the floor, within the
+        window; or a window in bytes alone, or None (the session's), staged whole.
+        """
+        self.loop.run(self._start_plan(order, ahead, name))
+
+    async def _start_plan(self, order: np.ndarray, ahead: AheadBounds | int | None, name: str) -> None:
         await self._end_plan()
         assert self.session is not None and self.dataset is not None
-        self.plan = await self.session.plan(self.dataset, order, window_bytes=window_bytes, name=name)
+        window, floor = (ahead.window_bytes, ahead.floor_bytes) if isinstance(ahead, AheadBounds) else (ahead, None)
+        self.plan = await self.session.plan(self.dataset, order, window_bytes=window, name=name, floor_bytes=floor,
+                                            ahead_seconds=self.ahead_seconds)
 
     def end_plan(self) -> None:
         if self.plan is not None and self.usable:
@@ -111,7 +120,13 @@ class StagingLink:
 
     async def _stats(self) -> dict[str, float]:
         assert self.session is not None
-        return dict(self.session.stats())
+        stats = dict(self.session.stats())
+        ahead = self.plan.read_ahead() if self.plan is not None else None
+        if ahead is not None:  # the plan runs in this process (through the daemon, `stager status` shows it)
+            rate, stats["plan_ahead_bytes"] = ahead
+            if rate is not None:
+                stats["plan_rate"] = rate
+        return stats
 
     def close(self) -> None:
         """Close the plan and the session, stop the loop. Idempotent; a no-op in a forked child.
@@ -160,6 +175,11 @@ def load_manifest_sync(source: SourceConfig, fetch: FetchConfig) -> Manifest:
 
 def describe(stats: dict[str, Any]) -> str:
     """One log line out of :meth:`TokenIterator.stats`."""
-    return ("stager: waited {wait_seconds:.2f}s for data ({waits} waits), {cache_hits} of {shards_opened} shards "
+    line = ("stager: waited {wait_seconds:.2f}s for data ({waits} waits), {cache_hits} of {shards_opened} shards "
             "ready on arrival, {bytes_staged:,} bytes staged, {retries} retries, {ready_steps} steps ready ahead"
             ).format(**stats)
+    if "session_plan_ahead_bytes" in stats:
+        rate = stats.get("session_plan_rate")
+        line += (", reading " + ("at a rate not measured yet" if rate is None else f"{rate / 1e6:,.1f} MB/s")
+                 + f", staging {stats['session_plan_ahead_bytes'] / 1e6:,.0f} MB ahead")
+    return line

@@ -44,6 +44,12 @@ class PlanHandle(abc.ABC):
     async def advance(self, position: int) -> None:
         """The consumer is done with every position before ``position``."""
 
+    def read_ahead(self) -> tuple[float | None, int] | None:
+        """The consumer's measured rate (bytes/s; None before its cursor has moved) and how many bytes
+        ahead of the cursor the plan stages now, when this process runs the plan; None when the node
+        daemon does (``stager status`` and /metrics show them there)."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop prefetching for this plan."""
@@ -58,8 +64,15 @@ class Session(abc.ABC):
 
     @abc.abstractmethod
     async def plan(self, dataset: DatasetHandle, order: Sequence[int] | np.ndarray | None = None, *,
-                   window_bytes: int | None = None, name: str | None = None) -> PlanHandle:
-        """Register the order in which this consumer will read the dataset's shards (default: manifest order)."""
+                   window_bytes: int | None = None, name: str | None = None,
+                   floor_bytes: int | None = None, ahead_seconds: float | None = None) -> PlanHandle:
+        """Register the order in which this consumer will read the dataset's shards (default: manifest order).
+
+        ``window_bytes`` is the most staged ahead of the consumer's cursor, ``floor_bytes`` what is
+        staged ahead whatever its pace, and ``ahead_seconds`` how many seconds of its measured rate are
+        staged past the floor (see :mod:`stager.engine.read_ahead`). No floor: the whole window is staged,
+        as for a consumer that never advances; no window or seconds: the engine's (or daemon's) own.
+        """
 
     @abc.abstractmethod
     async def read_block(self, dataset: DatasetHandle, index: int, block: int) -> bytes:

@@ -34,6 +34,9 @@ class EmbeddedPlan(PlanHandle):
     async def advance(self, position: int) -> None:
         self.plan.advance(position)
 
+    def read_ahead(self) -> tuple[float | None, int] | None:
+        return self.plan.rate, self.plan.ahead_bytes
+
     async def close(self) -> None:
         await self.plan.close()
 
@@ -53,9 +56,11 @@ class EmbeddedSession(Session):
         return EmbeddedDataset(await self.engine.open_dataset(source, manifest))
 
     async def plan(self, dataset: DatasetHandle, order: Sequence[int] | np.ndarray | None = None, *,
-                   window_bytes: int | None = None, name: str | None = None) -> EmbeddedPlan:
+                   window_bytes: int | None = None, name: str | None = None,
+                   floor_bytes: int | None = None, ahead_seconds: float | None = None) -> EmbeddedPlan:
         assert isinstance(dataset, EmbeddedDataset)
-        return EmbeddedPlan(self.engine.plan(dataset.dataset, order, window_bytes=window_bytes, name=name))
+        return EmbeddedPlan(self.engine.plan(dataset.dataset, order, window_bytes=window_bytes, name=name,
+                                             floor_bytes=floor_bytes, ahead_seconds=ahead_seconds))
 
     async def read_block(self, dataset: DatasetHandle, index: int, block: int) -> bytes:
         """The verified bytes of one block; only that block is fetched (urgently) if the cache lacks it."""

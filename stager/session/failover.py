@@ -102,6 +102,9 @@ class FailoverPlan(PlanHandle):
             session.wait_seconds += time.monotonic() - began
             session.waits += 1
 
+    def read_ahead(self) -> tuple[float | None, int] | None:
+        return self.embedded.read_ahead() if self.embedded is not None else None
+
     async def advance(self, position: int) -> None:
         """The consumer is done with every position before ``position`` (see :meth:`DaemonPlan.advance`)."""
         self.cursor = max(self.cursor, min(max(position, 0), len(self)))
@@ -206,7 +209,8 @@ class RemoteSession(Session):
         return await self.run(remote, embedded)
 
     async def plan(self, dataset: DatasetHandle, order: Sequence[int] | np.ndarray | None = None, *,
-                   window_bytes: int | None = None, name: str | None = None) -> PlanHandle:
+                   window_bytes: int | None = None, name: str | None = None,
+                   floor_bytes: int | None = None, ahead_seconds: float | None = None) -> PlanHandle:
         """Register a plan with the daemon (the daemon checks every index against its manifest).
 
         Raises:
@@ -219,7 +223,8 @@ class RemoteSession(Session):
 
         async def remote() -> PlanHandle:  # the order is checked (and made an array) there
             assert dataset.remote is not None
-            plan.remote = await self.daemon.plan(dataset.remote, order, window_bytes=window_bytes, name=name)
+            plan.remote = await self.daemon.plan(dataset.remote, order, window_bytes=window_bytes, name=name,
+                                                 floor_bytes=floor_bytes, ahead_seconds=ahead_seconds)
             self.plans.add(plan)
             self._start_heartbeat()
             return plan
@@ -228,7 +233,8 @@ class RemoteSession(Session):
             assert self._embedded is not None
             if dataset.embedded is None:
                 dataset.embedded = await self._embedded.open_dataset(dataset.source, dataset.manifest)
-            plan.embedded = await self._embedded.plan(dataset.embedded, order, window_bytes=window_bytes, name=name)
+            plan.embedded = await self._embedded.plan(dataset.embedded, order, window_bytes=window_bytes, name=name,
+                                                      floor_bytes=floor_bytes, ahead_seconds=ahead_seconds)
             self.plans.add(plan)
             return plan
 
@@ -378,7 +384,8 @@ class RemoteSession(Session):
         if dataset.embedded is None:
             dataset.embedded = await engine.open_dataset(dataset.source, dataset.manifest)
         plan.embedded = await engine.plan(dataset.embedded, remote.order, window_bytes=remote.window_bytes,
-                                          name=remote.name)
+                                          name=remote.name, floor_bytes=remote.floor_bytes,
+                                          ahead_seconds=remote.ahead_seconds)
         if plan.cursor:
             await plan.embedded.advance(plan.cursor)
 

@@ -140,7 +140,8 @@ class DaemonSession(Session):
         return dataset
 
     async def plan(self, dataset: Any, order: Sequence[int] | np.ndarray | None = None, *,
-                   window_bytes: int | None = None, name: str | None = None) -> DaemonPlan:
+                   window_bytes: int | None = None, name: str | None = None,
+                   floor_bytes: int | None = None, ahead_seconds: float | None = None) -> DaemonPlan:
         """Register a plan with the daemon (the daemon checks every index against its manifest too).
 
         Raises:
@@ -150,7 +151,8 @@ class DaemonSession(Session):
         if not isinstance(dataset, DaemonDataset):
             raise TypeError("the dataset was not opened by this session")
         array = checked_order(order, len(dataset.manifest))
-        plan = DaemonPlan(self, dataset, f"p{next(self._plan_ids)}", array, window_bytes, name)
+        plan = DaemonPlan(self, dataset, f"p{next(self._plan_ids)}", array, window_bytes, name,
+                          floor_bytes=floor_bytes, ahead_seconds=ahead_seconds)
         await plan.register()
         self.plans.add(plan)
         return plan

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..config import SourceConfig
 from ..daemon_client.protocol import API, PENDING
-from ..errors import DaemonError, StagerError, UnknownPlan
+from ..errors import DaemonError, DaemonRequestError, StagerError, UnknownPlan
 from ..manifest import Manifest
 from .base import DatasetHandle, PlanHandle
 
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = 30.0  # seconds for a control request
 MAX_REREGISTER = 8  # re-registrations of one plan within one call
+#: Plan fields a daemon of an earlier version does not know (and refuses, naming them).
+NEWER_PLAN_FIELDS = ("floor_bytes", "ahead_seconds")
 
 
 class DaemonDataset(DatasetHandle):
@@ -54,12 +56,15 @@ class DaemonPlan(PlanHandle):
     """A plan held by the daemon; the cursor is kept here too, to register again after a restart."""
 
     def __init__(self, session: "DaemonSession", dataset: DaemonDataset, plan_id: str, order: np.ndarray | None,
-                 window_bytes: int | None, name: str | None) -> None:
+                 window_bytes: int | None, name: str | None, *, floor_bytes: int | None = None,
+                 ahead_seconds: float | None = None) -> None:
         self._session = session
         self.dataset = dataset
         self.id = plan_id
         self.order = order
         self.window_bytes = window_bytes
+        self.floor_bytes = floor_bytes
+        self.ahead_seconds = ahead_seconds
         self.name = name
         self.cursor = 0
         self.closed = False
@@ -82,9 +87,25 @@ class DaemonPlan(PlanHandle):
         """(Re-)register this plan with the daemon at the current cursor."""
         body: dict[str, Any] = {"dataset": self.dataset.wire(), "fingerprint": self.dataset.fingerprint,
                                 "cursor": self.cursor, "window_bytes": self.window_bytes, "name": self.name}
+        if self.floor_bytes is not None:
+            body["floor_bytes"] = self.floor_bytes
+        if self.ahead_seconds is not None:
+            body["ahead_seconds"] = self.ahead_seconds
         if self.order is not None:
             body["order_b64"] = base64.b64encode(self.order.astype("<i8").tobytes()).decode()
-        _, answer = await self._session.client().request("PUT", self._path, body=body, timeout=REQUEST_TIMEOUT)
+        client = self._session.client()
+        try:
+            _, answer = await client.request("PUT", self._path, body=body, timeout=REQUEST_TIMEOUT)
+        except DaemonRequestError as exc:
+            newer = [k for k in NEWER_PLAN_FIELDS if k in body]
+            if not newer or "unknown fields" not in str(exc):
+                raise
+            # A daemon of an earlier version: it stages the whole byte window, which holds the floor.
+            log.info("the daemon does not know %s (an earlier version): its plan stages the whole window",
+                     " or ".join(newer))
+            for key in newer:
+                del body[key]
+            _, answer = await client.request("PUT", self._path, body=body, timeout=REQUEST_TIMEOUT)
         self._session.lease = float(answer.get("lease", 60.0))
         self._sent_cursor = self.cursor
 

@@ -39,6 +39,8 @@ CASES = {
     "concurrency-zero": (["stage", "{corpus}", "--cache", "{cache}", "--concurrency", "0"], {}, "--concurrency"),
     "limit-zero": (["stage", "{corpus}", "--cache", "{cache}", "--limit", "0"], {}, "--limit"),
     "window-zero": (["serve", "--cache", "{cache}", "--window", "0"], {}, "--window"),
+    "ahead-seconds-zero": (["serve", "--cache", "{cache}", "--ahead-seconds", "0"], {}, "--ahead-seconds"),
+    "ahead-seconds-env": (["serve", "--cache", "{cache}"], {"STAGER_AHEAD_SECONDS": "soon"}, "STAGER_AHEAD_SECONDS"),
     "lease-short": (["serve", "--cache", "{cache}", "--lease", "0.5"], {}, "--lease"),
     "drain-nan": (["serve", "--cache", "{cache}", "--drain-timeout", "nan"], {}, "--drain-timeout"),
     "metrics-address": (["serve", "--cache", "{cache}", "--socket", "{socket}", "--metrics-address", "nonsense"], {},
