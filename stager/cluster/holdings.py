@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 from ..cache import BlobState, CacheTier
 from ..cache.fileio import pread_exact
-from ..engine import BlobRef, Engine
+from ..engine import URGENT, BlobRef, Engine
 from .identity import ClusterIdentities
 from .placement import PeerRing
 from .request import PeerRequest
@@ -132,6 +132,11 @@ class Holdings:
             self._warm(ref)
         return request, self._engine_blocks(ref, request)
 
+    def owns(self, digest: str) -> bool:
+        """This node owns ``digest`` in its view (it fetches it from the origin: its blocks may be the only
+        copies in the cluster)."""
+        return self._ring().is_owner(digest)
+
     def _may_fetch(self, request: PeerRequest) -> bool:
         if request.mode == "hold":
             return False
@@ -189,8 +194,9 @@ class Holdings:
         task.add_done_callback(done)
 
     async def _engine_blocks(self, ref: BlobRef, request: PeerRequest) -> AsyncIterator[bytes]:
+        priority = URGENT if request.urgent else PEER_PRIORITY  # a consumer of the asker waits: as one of ours
         for index in request.blocks:
-            yield await self.engine.read_block(ref, index, priority=PEER_PRIORITY)
+            yield await self.engine.read_block(ref, index, priority=priority)
 
     async def _held_blocks(self, request: PeerRequest) -> AsyncIterator[bytes]:
         for index in request.blocks:
