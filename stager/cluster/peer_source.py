@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..engine import BlobRef
-from ..engine.source import BlobSource, OriginSource
+from ..engine.source import BlobSource, OriginSource, request_priority
 from ..errors import PeerError
 from ..store import Check, RangeSink
 from ..store.base import run_check
@@ -71,7 +71,8 @@ class PeerSource(BlobSource):
 
     async def read_into(self, ref: BlobRef, start: int, end: int, open_sink: Callable[[], RangeSink]) -> None:
         try:
-            received = await self._cluster.client.read_into(self.peer, self._ask(ref, start, end), open_sink)
+            received = await self._cluster.client.read_into(self.peer, self._ask(ref, start, end), open_sink,
+                                                            priority=request_priority())
         except PeerError as exc:
             self._cluster.failed(self.peer, exc)
             raise
