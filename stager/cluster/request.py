@@ -52,8 +52,9 @@ class PeerRequest:
 
     def context(self) -> str:
         """Everything besides method, digest and range that the signature covers."""
-        return "\n".join((self.dataset, self.manifest, str(self.index), str(self.size), str(self.block_size),
-                          self.mode, self.asker, "urgent" if self.urgent else ""))
+        fields = (self.dataset, self.manifest, str(self.index), str(self.size), str(self.block_size), self.mode,
+                  self.asker)
+        return "\n".join((*fields, "urgent") if self.urgent else fields)  # not urgent: signed as before
 
     def query(self) -> dict[str, str]:
         return {"start": str(self.start), "end": str(self.end), "size": str(self.size),
