@@ -146,10 +146,11 @@ class ClusterSources:
         """Where this node's whole-blob fetch of ``ref`` starts, in each request of ``span_blocks`` blocks
         (``placement.first_block_in``).
 
-        The owner reads in order. Its ``fanout`` children start a ``1/fanout`` of a request apart (the
-        ``k``-th at ``k * span_blocks // fanout``): their requests to the owner run side by side, each in
-        order, so at any moment they carry different blocks, and the first copy of every block of a request
-        has left the owner when a ``1/fanout`` of its sends are done. An owner that dies then leaves little
+        The owner reads in order. Its ``c`` children (``fanout``, fewer in a small cluster) start a ``1/c``
+        of a request apart (the ``k``-th at ``k * span_blocks // c``): their requests to the owner run side
+        by side, each in order, and the owner sends first the block with the fewest copies out
+        (``uplink.py``), so the first copy of every block of a request has left the owner when a ``1/c`` of
+        its sends are done. An owner that dies then leaves little
         that it alone held (its children hold the rest between them, and the new owner asks them first,
         ``hold`` taking what they hold of a range). Deeper nodes start as their ancestor among the owner's
         children does, so they take blocks in the order their parent receives them.

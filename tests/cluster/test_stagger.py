@@ -53,6 +53,7 @@ def test_an_owner_killed_while_its_children_take_its_blobs_costs_the_origin_litt
     again = read - total  # what the origin sent twice: what only the dead owner held
     # Its three children each held a third of its blobs when it died. Taken in the same order (before), the
     # same third: two thirds of its share came from the origin again (0.660, 0.665, 0.666 in three runs).
-    # Staggered (the children start at blocks 0, 5 and 10 of 20), different thirds, most of each blob
+    # Staggered (the children start at blocks 0, 5 and 10 of 20; 0, 6 and 13 since they are staggered by
+    # their number and their blocks sent fewest times first), different thirds, most of each blob
     # between them, and the new owner takes what its two successors hold: 0.164 to 0.184 in four runs.
     assert again <= 0.5 * share, (again, share, total, detail)  # 0.66 before the staggering; 0.16-0.41 after
