@@ -49,25 +49,28 @@ ABSENT_SECONDS = 60.0
 
 
 def read_held_block(cache: CacheTier, digest: str, start: int, end: int, index: int) -> bytes | None:
-    """Bytes ``[start, end)`` (block ``index``) of a blob this node holds verified; None if it does not."""
-    if cache.state(digest) is BlobState.COMPLETE:
-        try:
-            fd = os.open(cache.complete_path(digest), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None  # evicted meanwhile
-        try:
-            return pread_exact(fd, end - start, start)
-        finally:
-            os.close(fd)
-    handle = cache.open_partial(digest)
-    if handle is None:
-        return None
+    """Bytes ``[start, end)`` (block ``index``) of a blob this node holds verified; None if it does not.
+
+    A blob being committed is renamed into ``blobs/`` before the index says it is complete, so a partial
+    blob that is gone when looked for is looked for there too (a file there is always complete).
+    """
+    if cache.state(digest) is not BlobState.COMPLETE:
+        handle = cache.open_partial(digest)
+        if handle is not None:
+            try:
+                return handle.read_block(index)
+            except Exception:  # noqa: BLE001 - not verified, or dropped meanwhile: perhaps just committed
+                pass
+            finally:
+                handle.close()
     try:
-        return handle.read_block(index)
-    except Exception:  # noqa: BLE001 - not verified, or dropped meanwhile: not held
-        return None
+        fd = os.open(cache.complete_path(digest), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None  # not complete, or evicted meanwhile
+    try:
+        return pread_exact(fd, end - start, start)
     finally:
-        handle.close()
+        os.close(fd)
 
 
 class Holdings:
