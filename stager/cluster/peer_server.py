@@ -32,6 +32,10 @@ from .request import ASKER_HEADER, BLOBS_PATH, PeerRequest
 from .stats import ClusterStats
 from .uplink import Uplink
 
+#: Seconds a block's write holds its asker's lane while the socket drains (a healthy one drains in
+#: milliseconds); past that the lane goes on and the write finishes on its own.
+DRAIN_HOLD = 0.25
+
 log = logging.getLogger(__name__)
 
 def build_peer_app(auth: PeerAuth, holdings: Holdings, stats: ClusterStats, *, per_peer: int = 8,
@@ -103,7 +107,20 @@ def build_peer_app(auth: PeerAuth, holdings: Holdings, stats: ClusterStats, *, p
                         if not started:
                             await response.prepare(request)
                             started = True
-                        await response.write(data)  # waits for the socket to drain: the lane's turn ends then
+                        write = asyncio.ensure_future(response.write(data))  # it waits for the socket to drain
+                        try:
+                            # The lane waits for the drain only so long: an asker slow to read this one answer
+                            # (its disk, its CPU) must not hold back its other answers past their deadlines.
+                            await asyncio.wait((write,), timeout=DRAIN_HOLD)
+                        except asyncio.CancelledError:
+                            write.cancel()
+                            raise
+                    try:
+                        await write
+                    except BaseException:
+                        write.cancel()
+                        uplink.uncount(peer_request.digest, index)  # not a copy out after all
+                        raise
                     stats.bytes_to_peers += len(data)
                     index += 1
             except Exception as exc:  # noqa: BLE001 - any failure of ours: the asker goes elsewhere

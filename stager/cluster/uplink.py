@@ -89,6 +89,10 @@ class Uplink:
         counts = self._copies.get(digest)
         return 0 if counts is None else counts.get(index, 0)
 
+    def uncount(self, digest: str, index: int) -> None:
+        """A send counted by :meth:`send` failed after its turn ended: the block has one copy out fewer."""
+        self._count(digest, index, -1)
+
     def _count(self, digest: str, index: int, delta: int) -> None:
         counts = self._copies.get(digest)
         if counts is None:
