@@ -47,8 +47,10 @@ victims (which node dies, and what it owned, decides most of it at small N).
 in each lane, every blob asked for at once), ``staggered`` (the code before:
 staggered children, requests answered side by side and queued in the order
 asked), ``in-order`` (the code before that: no staggering). The default
-runs ``staggered`` and ``first-copies``. The time-based bound of the real
-lanes (``MAX_WAIT``, 5 s) is not modelled: a window spreads in under 2 s.
+runs ``staggered`` and ``first-copies``. Not modelled: the time-based bound
+of the real lanes (``MAX_WAIT``, 5 s: a window spreads in under 2 s), the
+drain bound (``DRAIN_HOLD``: receivers here read at once) and urgency (no
+consumer blocks here).
 
 Prints, per policy and N: origin bytes / window bytes (mean and worst over
 the seeds), the blocks only a dead node held (per window, mean), the most
