@@ -11,11 +11,19 @@ engine's spans), all at once, laid from its staggered start, the blocks
 before that start asked last, once the rest are in (as the engine's job does;
 a parent asked for a block it left for last asks for it at once, as its
 engine's explicit want would); the owner asks the origin, block by block
-across the window. A parent answers each request in block order as it holds
-the blocks, and its uplink (``--link`` bytes/s, plus a small latency per
-block) is shared equally by the requests it is answering: in rounds, each
-request with its next block at hand moves one block, all ending together (TCP
-sharing one link, at block grain). The origin is one FIFO link of
+across the window. At most ``--per-peer`` requests of one node to one peer
+are open at once; the rest wait, taken as the client's turns take them (the
+first request for each blob before the second for any, ties in the order
+asked; ``first-copies``) or in the order asked (the client's connection pool
+before). A parent answers each request in block order as it holds the
+blocks, and its uplink (``--link`` bytes/s, plus a small latency per block)
+is shared in rounds, all of a round's blocks ending together (TCP sharing one
+link, at block grain): in each round, with ``first-copies``, each asker's
+lane moves one block, of the request whose next block at hand has the
+fewest copies outside the parent (those it sent, plus one unless it owns the
+blob; ties by arrival; one passed over ``MAX_OVERTAKEN`` times goes next:
+``stager.cluster.uplink``); before, each request with its next block at hand
+moved one block. The origin is one FIFO link of
 ``--origin`` bytes/s shared by the whole cluster (plus its latency per
 request). At the middle of the window (half of all deliveries done)
 ``--die`` of the nodes (at least one) die: whatever they were sending is
@@ -34,11 +42,17 @@ they had fetched and not yet sent to anyone. The script counts those too
 sending it), and repeats each N over ``--seeds`` draws of digests and
 victims (which node dies, and what it owned, decides most of it at small N).
 
-``--order`` runs the real code as it is (``staggered``), every node asking
-for each blob in block order (``in-order``: the code before the owner's
-children were staggered), or both on the same draws (the default).
+``--policy`` names the code modelled, each on the same draws:
+``first-copies`` (the code as it is: staggered children, first copies first
+in each lane, every blob asked for at once), ``staggered`` (the code before:
+staggered children, requests answered side by side and queued in the order
+asked), ``in-order`` (the code before that: no staggering). The default
+runs ``staggered`` and ``first-copies``. Not modelled: the time-based bound
+of the real lanes (``MAX_WAIT``, 5 s: a window spreads in under 2 s), the
+drain bound (``DRAIN_HOLD``: receivers here read at once) and urgency (no
+consumer blocks here).
 
-Prints, per order and N: origin bytes / window bytes (mean and worst over
+Prints, per policy and N: origin bytes / window bytes (mean and worst over
 the seeds), the blocks only a dead node held (per window, mean), the most
 blocks any node sent of one blob (in blobs), the time until every live node
 holds the window, and that time divided by log2(N).
@@ -63,6 +77,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stager.cluster.peer_source import SUCCESSORS  # noqa: E402
 from stager.cluster.placement import DEFAULT_FANOUT, first_block_in, ranked, upstream_in  # noqa: E402
+from stager.cluster.uplink import MAX_OVERTAKEN  # noqa: E402
+
+POLICIES = ("in-order", "staggered", "first-copies")
 
 
 @dataclass
@@ -81,13 +98,19 @@ class _Stream:
     """One request from ``receiver`` to ``sender`` for blocks of one blob, sent in order (``hold``: a fixed
     run the sender holds)."""
 
-    __slots__ = ("sender", "receiver", "blob", "blocks", "inflight", "left")
+    __slots__ = ("sender", "receiver", "blob", "blocks", "inflight", "left", "seq", "ordinal", "overtaken")
 
-    def __init__(self, sender: str, receiver: str, blob: int, blocks: list[int]) -> None:
+    def __init__(self, sender: str, receiver: str, blob: int, blocks: list[int], seq: int, ordinal: int) -> None:
         self.sender, self.receiver, self.blob = sender, receiver, blob
         self.blocks = deque(blocks)
         self.inflight: set[int] = set()  # blocks sent, not yet arrived
         self.left = len(blocks)  # blocks not yet arrived
+        self.seq = seq  # arrival order
+        self.ordinal = ordinal  # requests of the receiver for this blob to this sender before it
+        self.overtaken = 0  # turns of its lane others took while its next block was at hand
+
+    def __lt__(self, other: "_Stream") -> bool:  # the client's queue: first requests of each blob first
+        return (self.ordinal, self.seq) < (other.ordinal, other.seq)
 
 
 @dataclass
@@ -99,21 +122,25 @@ class _Node:
     head: list[list[int]] = field(default_factory=list)  # per blob: staggered head, asked once the rest is in
     inbound: list[int] = field(default_factory=list)  # per blob: requests of this node still open
     sent: list[int] = field(default_factory=list)  # per blob: blocks sent
+    copies: list[list[int]] = field(default_factory=list)  # per blob, per block: copies sent
     out: list[_Stream] = field(default_factory=list)  # requests this node answers
     busy: bool = False  # the uplink is sending a round
 
 
 class Simulation:
-    """The real nodes' pull model (see the module doc): ``staggered`` as the code is, or every node in
-    block order (``staggered=False``, the code before the owner's children were staggered)."""
+    """The real nodes' pull model (see the module doc): ``first_copies`` as the code is (staggered too),
+    ``staggered`` alone (the code before), or every node in block order (neither: the code before that)."""
 
     def __init__(self, n: int, *, blobs: int, blocks: int, block_bytes: int, span_blocks: int, link: float,
                  origin: float, peer_latency: float, origin_latency: float, die: float, fanout: int, seed: int,
-                 per_peer: int = 8, staggered: bool = True) -> None:
+                 per_peer: int = 8, staggered: bool = True, first_copies: bool = False) -> None:
         self.staggered = staggered
+        self.first_copies = first_copies
+        self.asking: dict[tuple[str, str, int], int] = {}  # (receiver, sender, blob): requests queued or open
+        self.stream_seq = 0
         self.per_peer = per_peer
         self.open: dict[tuple[str, str], int] = {}  # (receiver, sender): requests being answered
-        self.queued: dict[tuple[str, str], deque[_Stream]] = {}  # (receiver, sender): waiting for a connection
+        self.queued: dict[tuple[str, str], list[_Stream]] = {}  # (receiver, sender): waiting for a connection
         self.rng = random.Random(seed)
         self.blocks, self.block_bytes, self.span_blocks = blocks, block_bytes, min(span_blocks, blocks)
         self.link, self.origin, self.fanout = link, origin, fanout
@@ -121,7 +148,8 @@ class Simulation:
         self.digests = [f"{self.rng.getrandbits(128):032x}" for _ in range(blobs)]
         names = [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:7070" for i in range(n)]
         self.node = {name: _Node(name, have=[set() for _ in range(blobs)], pending=[set() for _ in range(blobs)],
-                                 head=[[] for _ in range(blobs)], inbound=[0] * blobs, sent=[0] * blobs)
+                                 head=[[] for _ in range(blobs)], inbound=[0] * blobs, sent=[0] * blobs,
+                                 copies=[[0] * blocks for _ in range(blobs)])
                      for name in names}
         self.to_kill = max(1, round(n * die)) if die > 0 and n > 1 else 0
         self.events: list[tuple[float, int, str, tuple]] = []
@@ -183,13 +211,18 @@ class Simulation:
             self._push(start, "origin", (name, blob, block))  # counted when the origin starts sending
 
     def _open(self, now: float, sender: str, receiver: str, blob: int, blocks: list[int]) -> None:
-        """A request, on one of the receiver's ``per_peer`` connections to the sender, or queued for one
-        (in the order asked, as the client's connection pool queues them)."""
-        stream = _Stream(sender, receiver, blob, blocks)
+        """A request, on one of the receiver's ``per_peer`` connections to the sender, or queued for one:
+        in the order asked (the client's connection pool before), or with ``first_copies`` the first request
+        for each blob before the second for any (the client's turns now)."""
+        asking = (receiver, sender, blob)
+        ordinal = self.asking.get(asking, 0)
+        self.asking[asking] = ordinal + 1
+        self.stream_seq += 1
+        stream = _Stream(sender, receiver, blob, blocks, self.stream_seq, ordinal if self.first_copies else 0)
         self.node[receiver].inbound[blob] += 1
         key = (receiver, sender)
         if self.open.get(key, 0) >= self.per_peer:
-            self.queued.setdefault(key, deque()).append(stream)
+            heapq.heappush(self.queued.setdefault(key, []), stream)
             return
         self.open[key] = self.open.get(key, 0) + 1
         self.node[sender].out.append(stream)
@@ -198,17 +231,26 @@ class Simulation:
     def _stream_done(self, now: float, stream: _Stream) -> None:
         receiver, blob = stream.receiver, stream.blob
         key = (receiver, stream.sender)
+        self._asked(stream)
         self.open[key] -= 1
         waiting = self.queued.get(key)
         if waiting:  # the connection takes the next request
             self.open[key] += 1
-            self.node[stream.sender].out.append(waiting.popleft())
+            self.node[stream.sender].out.append(heapq.heappop(waiting))
             self._wake(now, stream.sender)
         node = self.node[receiver]
         node.inbound[blob] -= 1
         if node.inbound[blob] == 0 and node.head[blob]:  # the rest is in: now the staggered head
             head, node.head[blob] = node.head[blob], []
             self._ask(receiver, blob, head, now=now)
+
+    def _asked(self, stream: _Stream) -> None:
+        asking = (stream.receiver, stream.sender, stream.blob)
+        left = self.asking.get(asking, 0) - 1
+        if left > 0:
+            self.asking[asking] = left
+        else:
+            self.asking.pop(asking, None)
 
     # -- sending: each uplink shares itself among the requests it answers, block by block ----------
 
@@ -234,6 +276,8 @@ class Simulation:
         node.out = keep
         if not batch:
             return
+        if self.first_copies:  # one block per asker's lane: the one sent fewest times (uplink.py)
+            batch = self._first_copies(node, batch)
         node.busy = True
         sends = []
         for stream in batch:
@@ -241,9 +285,31 @@ class Simulation:
             stream.inflight.add(block)
             self.node[stream.receiver].pending[stream.blob].add(block)
             node.sent[stream.blob] += 1
+            node.copies[stream.blob][block] += 1
             sends.append((stream, block))
         # every request in the round moves one block at an equal share of the link: all end together
         self._push(now + len(batch) * self.block_bytes / self.link, "round", (name, sends))
+
+    def _first_copies(self, node: _Node, ready: list[_Stream]) -> list[_Stream]:
+        """Of the requests with their next block at hand, one per receiver (its lane), as ``uplink.py``
+        chooses: one overtaken ``MAX_OVERTAKEN`` times (oldest first), else the one whose next block has the
+        fewest copies outside ``node`` (those it sent, plus one unless it owns the blob; ties by arrival);
+        the others in the lane were overtaken once more."""
+        lanes: dict[str, list[_Stream]] = {}
+        for stream in ready:
+            lanes.setdefault(stream.receiver, []).append(stream)
+        chosen = []
+        for waiting in lanes.values():
+            overdue = [s for s in waiting if s.overtaken >= MAX_OVERTAKEN]
+            if overdue:
+                pick = min(overdue, key=lambda s: s.seq)
+            else:
+                pick = min(waiting, key=lambda s: (node.copies[s.blob][s.blocks[0]]
+                                                   + (self.order[s.blob][0] != node.name), s.seq))
+            for stream in waiting:
+                stream.overtaken = 0 if stream is pick else stream.overtaken + 1
+            chosen.append(pick)
+        return chosen
 
     def _round(self, now: float, name: str, sends: list) -> None:
         node = self.node[name]
@@ -330,6 +396,8 @@ class Simulation:
                 cut += self.queued.pop(key)
             for key in [k for k in self.open if k[1] == v]:
                 del self.open[key]
+            for key in [k for k in self.asking if k[1] == v]:
+                del self.asking[key]
             for stream in cut:
                 to = self.node[stream.receiver]
                 if not to.alive:
@@ -365,21 +433,24 @@ def main() -> None:
                         help="requests one node has open to one peer at once (stager's default: 8 connections to each peer)")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--seeds", type=int, default=10, help="runs per N (digests and victims drawn anew)")
-    parser.add_argument("--order", choices=("staggered", "in-order", "both"), default="both",
-                        help="staggered: the code as it is; in-order: every node asks for a blob in block order "
-                             "(the code before the owner's children were staggered); both: each, on the same draws")
+    parser.add_argument("--policy", choices=POLICIES, nargs="+", default=["staggered", "first-copies"],
+                        help="first-copies: the code as it is (staggered children, each asker's lane sending the "
+                             "block sent fewest times first, a node asking for every blob at once); staggered: the "
+                             "code before (children staggered, requests queued in the order asked, the uplink "
+                             "shared by requests); in-order: the code before that (no staggering); each one given "
+                             "runs on the same draws")
     args = parser.parse_args()
     blocks = max(1, args.blob_mib // args.block_mib)
     span_blocks = max(1, args.request_mib // args.block_mib)
     window = args.blobs * blocks * args.block_mib << 20
-    orders = ["in-order", "staggered"] if args.order == "both" else [args.order]
+    orders = args.policy
     print(f"window: {args.blobs} blobs of {args.blob_mib} MiB ({window / 2**30:.2f} GiB), {args.block_mib} MiB "
           f"blocks, requests of {span_blocks} blocks; links {args.link / 1e9:.2f} GB/s per node, origin "
           f"{args.origin / 1e9:.2f} GB/s in all; fanout {args.fanout}; {args.die:.0%} of the nodes die mid-window")
     print(f"one node alone from the origin: {window / min(args.link, args.origin):.2f} s")
     print(f"{args.seeds} seeds from {args.seed} per N; origin/window as mean and worst, lost as mean, "
           "the rest as mean (max sent/blob: worst)")
-    print(f"{'order':>9} {'nodes':>6} {'died':>5} {'origin/window':>14} {'worst':>7} {'lost':>7} "
+    print(f"{'policy':>12} {'nodes':>6} {'died':>5} {'origin/window':>14} {'worst':>7} {'lost':>7} "
           f"{'max sent/blob':>14} {'spread s':>9} {'s/log2(N)':>10} {'wall s':>7}")
     for n in args.nodes:
         for order in orders:
@@ -387,10 +458,10 @@ def main() -> None:
                                span_blocks=span_blocks, link=args.link, origin=args.origin,
                                peer_latency=args.peer_latency, origin_latency=args.origin_latency, die=args.die,
                                fanout=args.fanout, seed=seed, per_peer=args.per_peer,
-                               staggered=order == "staggered").run()
+                               staggered=order != "in-order", first_copies=order == "first-copies").run()
                     for seed in range(args.seed, args.seed + args.seeds)]
             spread = statistics.mean(r.spread_seconds for r in runs)
-            print(f"{order:>9} {n:>6} {runs[0].died:>5} {statistics.mean(r.origin_ratio for r in runs):>14.3f} "
+            print(f"{order:>12} {n:>6} {runs[0].died:>5} {statistics.mean(r.origin_ratio for r in runs):>14.3f} "
                   f"{max(r.origin_ratio for r in runs):>7.3f} {statistics.mean(r.lost for r in runs):>7.3f} "
                   f"{max(r.max_sends_per_blob for r in runs):>14.2f} {spread:>9.2f} "
                   f"{spread / math.log2(n):>10.3f} {sum(r.wall for r in runs):>7.1f}", flush=True)

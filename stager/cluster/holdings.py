@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 from ..cache import BlobState, CacheTier
 from ..cache.fileio import pread_exact
-from ..engine import BlobRef, Engine
+from ..engine import URGENT, BlobRef, Engine
 from .identity import ClusterIdentities
 from .placement import PeerRing
 from .request import PeerRequest
@@ -49,25 +49,28 @@ ABSENT_SECONDS = 60.0
 
 
 def read_held_block(cache: CacheTier, digest: str, start: int, end: int, index: int) -> bytes | None:
-    """Bytes ``[start, end)`` (block ``index``) of a blob this node holds verified; None if it does not."""
-    if cache.state(digest) is BlobState.COMPLETE:
-        try:
-            fd = os.open(cache.complete_path(digest), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None  # evicted meanwhile
-        try:
-            return pread_exact(fd, end - start, start)
-        finally:
-            os.close(fd)
-    handle = cache.open_partial(digest)
-    if handle is None:
-        return None
+    """Bytes ``[start, end)`` (block ``index``) of a blob this node holds verified; None if it does not.
+
+    A blob being committed is renamed into ``blobs/`` before the index says it is complete, so a partial
+    blob that is gone when looked for is looked for there too (a file there is always complete).
+    """
+    if cache.state(digest) is not BlobState.COMPLETE:
+        handle = cache.open_partial(digest)
+        if handle is not None:
+            try:
+                return handle.read_block(index)
+            except Exception:  # noqa: BLE001 - not verified, or dropped meanwhile: perhaps just committed
+                pass
+            finally:
+                handle.close()
     try:
-        return handle.read_block(index)
-    except Exception:  # noqa: BLE001 - not verified, or dropped meanwhile: not held
-        return None
+        fd = os.open(cache.complete_path(digest), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None  # not complete, or evicted meanwhile
+    try:
+        return pread_exact(fd, end - start, start)
     finally:
-        handle.close()
+        os.close(fd)
 
 
 class Holdings:
@@ -132,6 +135,11 @@ class Holdings:
             self._warm(ref)
         return request, self._engine_blocks(ref, request)
 
+    def owns(self, digest: str) -> bool:
+        """This node owns ``digest`` in its view (it fetches it from the origin: its blocks may be the only
+        copies in the cluster)."""
+        return self._ring().is_owner(digest)
+
     def _may_fetch(self, request: PeerRequest) -> bool:
         if request.mode == "hold":
             return False
@@ -189,8 +197,9 @@ class Holdings:
         task.add_done_callback(done)
 
     async def _engine_blocks(self, ref: BlobRef, request: PeerRequest) -> AsyncIterator[bytes]:
+        priority = URGENT if request.urgent else PEER_PRIORITY  # a consumer of the asker waits: as one of ours
         for index in request.blocks:
-            yield await self.engine.read_block(ref, index, priority=PEER_PRIORITY)
+            yield await self.engine.read_block(ref, index, priority=priority)
 
     async def _held_blocks(self, request: PeerRequest) -> AsyncIterator[bytes]:
         for index in request.blocks:

@@ -21,11 +21,22 @@ fallback and the failure counters use.
 A ``hold`` request may be answered with the start of its range alone (what
 the peer holds): the blocks received are kept and the caller asks the next
 source for the rest.
+
+Which requests to a peer go first (``per_peer`` at once, the rest waiting;
+:class:`~.turns.Turns`): those a consumer is blocked on (the engine's live
+priority of the span, ``URGENT`` and below; they are marked ``urgent`` for
+the peer), then the *first* request for each blob before the second for any,
+and so on (ties by the engine's priority: nearer blobs first). So a node
+asks a peer for every blob it needs from it at once, not one blob after
+another, and the peer, which sends first the block with the fewest copies
+outside it (``uplink.py``), spreads the first copies of all of them over its
+children.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -33,10 +44,16 @@ from dataclasses import dataclass
 import aiohttp
 
 from ..aio import to_the_end
+from ..engine import URGENT
 from ..errors import BlobSourceError, CacheError, CorruptData, PeerError
 from ..store.base import RangeSink, feed_sink
 from .auth import PeerAuth
 from .request import BLOBS_PATH, PeerRequest
+from .turns import Turns
+
+
+def _no_priority() -> float:
+    return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +81,8 @@ class PeerClient:
         self._session: aiohttp.ClientSession | None = None
         self._health_session: aiohttp.ClientSession | None = None
         self._gone: dict[str, asyncio.Event] = {}  # per peer: set when it is found down
+        self._turns: dict[str, Turns] = {}  # per peer: its requests at once, the most urgent first
+        self._asking: dict[tuple[str, str], int] = {}  # per (peer, digest): requests queued or open
         self._scheme = "https" if ssl_context is not None else "http"
 
     def _client(self) -> aiohttp.ClientSession:
@@ -108,15 +127,20 @@ class PeerClient:
         if gone is not None:
             gone.set()
 
-    async def read_into(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink]) -> int:
+    async def read_into(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink], *,
+                        priority: Callable[[], float] = _no_priority) -> int:
         """Stream the range ``ask`` names from ``peer`` into a new sink; the bytes received.
+
+        ``priority`` is the engine's priority of the request, read live: it orders the requests waiting for
+        one of the peer's ``per_peer`` turns (see the module doc), and at ``URGENT`` or below the request is
+        marked urgent for the peer.
 
         Raises:
             PeerError: the peer is down (or found down meanwhile), slow, refuses, lacks the blob, sends a
                 short body, or bytes the sink finds corrupt (kind ``corrupt``).
         """
         gone = self._gone.setdefault(peer, asyncio.Event())
-        request = asyncio.ensure_future(self._read_into(peer, ask, open_sink))
+        request = asyncio.ensure_future(self._in_turn(peer, ask, open_sink, priority))
         waiter = asyncio.ensure_future(gone.wait())
         try:
             await asyncio.wait((request, waiter), return_when=asyncio.FIRST_COMPLETED)
@@ -128,6 +152,36 @@ class PeerClient:
         if request.cancelled():
             raise PeerError(f"peer {peer}: found down while this request waited on it", "down")
         return request.result()
+
+    def turns(self, peer: str) -> Turns:
+        """The peer's request turns (made on its first request)."""
+        turns = self._turns.get(peer)
+        if turns is None:
+            turns = self._turns[peer] = Turns(self.per_peer, max_overtaken=4 * self.per_peer)
+        return turns
+
+    async def _in_turn(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink],
+                       priority: Callable[[], float]) -> int:
+        """The request once it is its turn: urgent first, then by how many requests for the same blob went
+        to this peer before it (its first request for each blob before the second for any), then priority."""
+        asking = (peer, ask.digest)
+        ordinal = self._asking.get(asking, 0)
+        self._asking[asking] = ordinal + 1
+        try:
+            def key() -> tuple[int, int, float]:
+                now = priority()
+                return (0, 0, now) if now <= URGENT else (1, ordinal, now)
+
+            async with self.turns(peer).turn(key):
+                if priority() <= URGENT and not ask.urgent:
+                    ask = dataclasses.replace(ask, urgent=True)
+                return await self._read_into(peer, ask, open_sink)
+        finally:
+            left = self._asking[asking] - 1
+            if left:
+                self._asking[asking] = left
+            else:
+                del self._asking[asking]
 
     async def _read_into(self, peer: str, ask: PeerRequest, open_sink: Callable[[], RangeSink]) -> int:
         expected = ask.end - ask.start

@@ -10,54 +10,37 @@
 Every ``/v1`` request must carry a valid signature (``auth.py``); any other
 gets 401 and no data. Each asker gets at most ``per_peer`` requests at once
 (more wait their turn) and, with ``bandwidth``, at most that many bytes per
-second. A block that cannot be sent after the answer has started (evicted
-meanwhile, its fetch failed) cuts the connection short, which the asker sees
-as a short body and treats like any failed peer.
+second; its requests' blocks are written one at a time, the block with the
+fewest copies outside this node first, urgent requests before any
+(``uplink.py``). A block that cannot be sent after the answer has started
+(evicted meanwhile, its fetch failed) cuts the connection short, which the
+asker sees as a short body and treats like any failed peer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections import OrderedDict
 
 from aiohttp import web
 
 from ..errors import ConfigError
-from ..store.bandwidth import BandwidthLimiter
 from .auth import PeerAuth
 from .holdings import Holdings
 from .request import ASKER_HEADER, BLOBS_PATH, PeerRequest
 from .stats import ClusterStats
+from .uplink import Uplink
+
+#: Seconds a block's write holds its asker's lane while the socket drains (a healthy one drains in
+#: milliseconds); past that the lane goes on and the write finishes on its own.
+DRAIN_HOLD = 0.25
 
 log = logging.getLogger(__name__)
 
-#: Askers whose limits are remembered; the least recently seen are forgotten past this.
-MAX_ASKERS = 4096
-
-
-class _AskerLimits:
-    """Per asker: a semaphore on requests at once and an optional byte rate."""
-
-    def __init__(self, per_peer: int, bandwidth: int | None) -> None:
-        self.per_peer = per_peer
-        self.bandwidth = bandwidth
-        self._askers: OrderedDict[str, tuple[asyncio.Semaphore, BandwidthLimiter | None]] = OrderedDict()
-
-    def of(self, asker: str) -> tuple[asyncio.Semaphore, BandwidthLimiter | None]:
-        limits = self._askers.get(asker)
-        if limits is None:
-            limits = (asyncio.Semaphore(self.per_peer),
-                      BandwidthLimiter(self.bandwidth) if self.bandwidth else None)
-            self._askers[asker] = limits
-            while len(self._askers) > MAX_ASKERS:
-                self._askers.popitem(last=False)
-        self._askers.move_to_end(asker)
-        return limits
-
-
 def build_peer_app(auth: PeerAuth, holdings: Holdings, stats: ClusterStats, *, per_peer: int = 8,
-                   bandwidth: int | None = None, stopping: asyncio.Event | None = None) -> web.Application:
+                   bandwidth: int | None = None, stopping: asyncio.Event | None = None,
+                   uplink: Uplink | None = None) -> web.Application:
     """The peer listener's application.
 
     Args:
@@ -67,8 +50,10 @@ def build_peer_app(auth: PeerAuth, holdings: Holdings, stats: ClusterStats, *, p
         per_peer: requests served at once to one asker.
         bandwidth: bytes per second sent to one asker (None: no cap).
         stopping: set while the daemon stops (health answers 503).
+        uplink: the order of the sends (made from ``per_peer`` and ``bandwidth`` if not given).
     """
-    limits = _AskerLimits(per_peer, bandwidth)
+    uplink = uplink if uplink is not None else Uplink(per_peer, bandwidth)
+    arrivals = itertools.count()
 
     async def healthz(request: web.Request) -> web.Response:
         if stopping is not None and stopping.is_set():
@@ -103,8 +88,9 @@ def build_peer_app(auth: PeerAuth, holdings: Holdings, stats: ClusterStats, *, p
         peer_request = checked(request)
         if isinstance(peer_request, web.Response):
             return peer_request
-        semaphore, limiter = limits.of(request.headers.get(ASKER_HEADER, request.remote or ""))
-        async with semaphore:
+        lane = uplink.lane(request.headers.get(ASKER_HEADER, request.remote or ""))
+        async with lane.requests:
+            arrival = next(arrivals)
             opened = await holdings.open(peer_request)
             if opened is None:
                 stats.requests_missing += 1
@@ -113,15 +99,30 @@ def build_peer_app(auth: PeerAuth, holdings: Holdings, stats: ClusterStats, *, p
             response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
             response.content_length = peer_request.end - peer_request.start
             started = False
+            index = peer_request.blocks[0]
             try:
-                async for data in blocks:
-                    if limiter is not None:
-                        await limiter.acquire(len(data))
-                    if not started:
-                        await response.prepare(request)
-                        started = True
-                    await response.write(data)
+                async for data in blocks:  # each block in order, as it is read or arrives
+                    async with uplink.send(lane, peer_request.digest, index, len(data), urgent=peer_request.urgent,
+                                           owned=holdings.owns(peer_request.digest), arrival=arrival):
+                        if not started:
+                            await response.prepare(request)
+                            started = True
+                        write = asyncio.ensure_future(response.write(data))  # it waits for the socket to drain
+                        try:
+                            # The lane waits for the drain only so long: an asker slow to read this one answer
+                            # (its disk, its CPU) must not hold back its other answers past their deadlines.
+                            await asyncio.wait((write,), timeout=DRAIN_HOLD)
+                        except asyncio.CancelledError:
+                            write.cancel()
+                            raise
+                    try:
+                        await write
+                    except BaseException:
+                        write.cancel()
+                        uplink.uncount(peer_request.digest, index)  # not a copy out after all
+                        raise
                     stats.bytes_to_peers += len(data)
+                    index += 1
             except Exception as exc:  # noqa: BLE001 - any failure of ours: the asker goes elsewhere
                 if not started:
                     stats.requests_missing += 1

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..engine import BlobRef
-from ..engine.source import BlobSource, OriginSource
+from ..engine.source import BlobSource, OriginSource, request_priority
 from ..errors import PeerError
 from ..store import Check, RangeSink
 from ..store.base import run_check
@@ -71,7 +71,8 @@ class PeerSource(BlobSource):
 
     async def read_into(self, ref: BlobRef, start: int, end: int, open_sink: Callable[[], RangeSink]) -> None:
         try:
-            received = await self._cluster.client.read_into(self.peer, self._ask(ref, start, end), open_sink)
+            received = await self._cluster.client.read_into(self.peer, self._ask(ref, start, end), open_sink,
+                                                            priority=request_priority())
         except PeerError as exc:
             self._cluster.failed(self.peer, exc)
             raise
@@ -145,10 +146,11 @@ class ClusterSources:
         """Where this node's whole-blob fetch of ``ref`` starts, in each request of ``span_blocks`` blocks
         (``placement.first_block_in``).
 
-        The owner reads in order. Its ``fanout`` children start a ``1/fanout`` of a request apart (the
-        ``k``-th at ``k * span_blocks // fanout``): their requests to the owner run side by side, each in
-        order, so at any moment they carry different blocks, and the first copy of every block of a request
-        has left the owner when a ``1/fanout`` of its sends are done. An owner that dies then leaves little
+        The owner reads in order. Its ``c`` children (``fanout``, fewer in a small cluster) start a ``1/c``
+        of a request apart (the ``k``-th at ``k * span_blocks // c``): their requests to the owner run side
+        by side, each in order, and the owner sends first the block with the fewest copies out
+        (``uplink.py``), so the first copy of every block of a request has left the owner when a ``1/c`` of
+        its sends are done. An owner that dies then leaves little
         that it alone held (its children hold the rest between them, and the new owner asks them first,
         ``hold`` taking what they hold of a range). Deeper nodes start as their ancestor among the owner's
         children does, so they take blocks in the order their parent receives them.

@@ -110,7 +110,8 @@ def children_in(order: Sequence[str], me: str, fanout: int) -> list[str]:
 def first_block_in(order: Sequence[str], me: str, fanout: int, span_blocks: int) -> int:
     """In a blob's ranking ``order``: where ``me`` starts its whole-blob fetch, in each request of
     ``span_blocks`` blocks. 0 for the owner (and a node outside ``order``). The owner's ``k``-th child
-    (rank ``k + 1``) starts ``k * span_blocks // fanout`` blocks in: the owner's children's requests, side
+    (rank ``k + 1``) of ``c`` (``fanout``, or fewer in a cluster of at most ``fanout`` members) starts
+    ``k * span_blocks // c`` blocks in, so each child's first run is as long as its siblings': the owner's children's requests, side
     by side and each in order, carry different blocks at any moment, so few blocks are on the owner alone
     (what only it holds is what its death costs the origin). Every deeper node starts where its ancestor
     among the owner's children does: it takes the blocks in the order its parent receives them, pipelined
@@ -120,7 +121,8 @@ def first_block_in(order: Sequence[str], me: str, fanout: int, span_blocks: int)
     rank = order.index(me)
     while rank > fanout:
         rank = (rank - 1) // fanout
-    return (rank - 1) * span_blocks // fanout if rank else 0
+    children = min(fanout, len(order) - 1)  # fewer than fanout in a small cluster: they share the request
+    return (rank - 1) * span_blocks // children if rank else 0
 
 
 def share(members: Sequence[str], digests: Sequence[str]) -> dict[str, int]:

@@ -14,6 +14,10 @@ the asker (``holdings.py``). The ``mode`` says what the asker wants:
 - ``relay``: also blocks it is fetching for itself (a node asking its parent
   in the blob's spreading tree);
 - ``fetch``: also a fetch from the origin, once for everyone (asking the owner).
+
+``urgent`` says a consumer of the asker is blocked on the range: the holder
+sends it ahead of its other sends (``uplink.py``) and fetches it at a
+consumer's priority.
 """
 
 from __future__ import annotations
@@ -44,15 +48,18 @@ class PeerRequest:
     manifest: str  # the manifest fingerprint
     mode: str
     asker: str
+    urgent: bool = False  # a consumer of the asker waits for it now
 
     def context(self) -> str:
         """Everything besides method, digest and range that the signature covers."""
-        return "\n".join((self.dataset, self.manifest, str(self.index), str(self.size), str(self.block_size),
-                          self.mode, self.asker))
+        fields = (self.dataset, self.manifest, str(self.index), str(self.size), str(self.block_size), self.mode,
+                  self.asker)
+        return "\n".join((*fields, "urgent") if self.urgent else fields)  # not urgent: signed as before
 
     def query(self) -> dict[str, str]:
         return {"start": str(self.start), "end": str(self.end), "size": str(self.size),
-                "block_size": str(self.block_size), "index": str(self.index), "mode": self.mode}
+                "block_size": str(self.block_size), "index": str(self.index), "mode": self.mode,
+                "urgent": "1" if self.urgent else "0"}
 
     def headers(self) -> dict[str, str]:
         return {DATASET_HEADER: self.dataset, MANIFEST_HEADER: self.manifest, ASKER_HEADER: self.asker}
@@ -80,8 +87,11 @@ class PeerRequest:
         mode = query.get("mode", "")
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}")
+        urgent = query.get("urgent", "0")
+        if urgent not in ("0", "1"):
+            raise ConfigError("urgent must be 0 or 1")
         if block_size <= 0 or index < 0 or not 0 <= start < end <= size or start % block_size \
                 or (end % block_size and end != size):
             raise ConfigError("the range must be non-empty, block-aligned and inside the blob")
         return cls(digest, start, end, size, block_size, index, headers.get(DATASET_HEADER, ""),
-                   headers.get(MANIFEST_HEADER, ""), mode, headers.get(ASKER_HEADER, ""))
+                   headers.get(MANIFEST_HEADER, ""), mode, headers.get(ASKER_HEADER, ""), urgent == "1")

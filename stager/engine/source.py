@@ -11,11 +11,17 @@ moves on for the blocks still unverified when one raises
 verification more than ``corrupt_budget`` times: it asks ``for_blob`` again
 (a failure may have changed the answer) and takes the first source it has not
 tried yet; the origin keeps its store's retry policy and errors.
+
+While a source reads a span, :func:`request_priority` gives that span's gate
+priority as it is now (it moves up, to ``URGENT`` and below, when a consumer
+blocks on the span's blocks): a source that queues requests of its own (a
+peer) orders them by it and tells the holder when a consumer waits.
 """
 
 from __future__ import annotations
 
 import abc
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..store import Check, RangeSink
@@ -25,6 +31,28 @@ if TYPE_CHECKING:
 
 ORIGIN = "origin"  # the kind of the origin source
 PEER = "peer"  # the kind of every other source, unless it says otherwise
+
+#: The priority of the span the current task's source read serves, read live (set by the engine per read).
+_REQUEST_PRIORITY: ContextVar[Callable[[], float]] = ContextVar("stager_request_priority")
+
+
+def _unknown_priority() -> float:
+    return 0.0
+
+
+def request_priority() -> Callable[[], float]:
+    """The gate priority, read live, of the span the calling source's read serves (0.0 outside a read)."""
+    return _REQUEST_PRIORITY.get(_unknown_priority)
+
+
+def set_request_priority(priority: Callable[[], float]) -> object:
+    """Set what :func:`request_priority` answers in the calling task; the token undoes it
+    (:func:`reset_request_priority`)."""
+    return _REQUEST_PRIORITY.set(priority)
+
+
+def reset_request_priority(token: object) -> None:
+    _REQUEST_PRIORITY.reset(token)  # type: ignore[arg-type]
 
 
 class BlobSource(abc.ABC):

@@ -29,7 +29,7 @@ from ..errors import BlobSourceError, CorruptData
 from ..hashing import block_digest, block_range
 from ..store import RangeSink
 from .hedging import hedged
-from .source import ORIGIN
+from .source import ORIGIN, reset_request_priority, set_request_priority
 from .span_writer import SpanWriter, write_held
 
 if TYPE_CHECKING:
@@ -95,8 +95,13 @@ class SpanFetch:
         """Blocks ``first..last`` from a source that is not the last, within its timeout and budget."""
         start, end = self._range(first, last)
         sinks = CorruptBudget(self._writer(first, last, source.kind), source)
-        async with asyncio.timeout(source.timeout):
-            await source.read_into(self._ref, start, end, sinks.open)
+        span = self._span
+        token = set_request_priority(lambda: span.priority)  # a peer orders its requests and marks urgent ones
+        try:
+            async with asyncio.timeout(source.timeout):
+                await source.read_into(self._ref, start, end, sinks.open)
+        finally:
+            reset_request_priority(token)
 
     async def _from_origin(self, source: "BlobSource", first: int, last: int) -> None:
         """Blocks ``first..last`` from the last source (the origin), raced by a hedge if it straggles."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -57,6 +58,17 @@ class Node:
     def blob(self, digest: str) -> Path:
         return self.cache / "blobs" / digest[:2] / digest
 
+    def held_blocks(self, digest: str, blocks: int) -> set[int]:
+        """The blocks of ``digest`` this node's cache holds verified now (read from its index)."""
+        conn = sqlite3.connect(f"file:{self.cache / 'index.sqlite'}?mode=ro", uri=True, timeout=10)
+        try:
+            row = conn.execute("SELECT state FROM blobs WHERE digest = ?", (digest,)).fetchone()
+            if row is not None and row[0] == 2:  # complete
+                return set(range(blocks))
+            return {idx for (idx,) in conn.execute("SELECT idx FROM verified_blocks WHERE digest = ?", (digest,))}
+        finally:
+            conn.close()
+
     def status(self) -> dict[str, Any]:
         """The daemon's own status (``/v1/status`` on its socket)."""
         async def ask() -> dict[str, Any]:
@@ -81,11 +93,11 @@ class Cluster:
     secret: Path
     nodes: list[Node] = field(default_factory=list)
 
-    def add(self, host: str, *, extra: Sequence[str] = ()) -> Node:
-        """A node on ``host`` with its own port, socket and cache (not started)."""
+    def add(self, host: str, *, extra: Sequence[str] = (), port: int | None = None) -> Node:
+        """A node on ``host`` with its own port (``port``, or one free now), socket and cache (not started)."""
         work = short_dir()
         (work / "cache").mkdir()
-        port = free_port(host)
+        port = port or free_port(host)
         node = Node(host, port, work, DaemonProcess(work / "d.sock", work / "cache", args=()), list(extra))
         self.nodes.append(node)
         return node
@@ -114,14 +126,19 @@ class Cluster:
         """Every shard of the dataset through each node's daemon at once, as consumers on those nodes would."""
         asyncio.run(self.stage_all(list(nodes or self.nodes), timeout))
 
-    async def stage_all(self, nodes: list[Node], timeout: float, *, may_fail: Sequence[Node] = ()) -> None:
-        """As :meth:`stage_everywhere`, in the caller's loop; the consumers of ``may_fail`` may fail."""
+    async def stage_all(self, nodes: list[Node], timeout: float, *, may_fail: Sequence[Node] = (),
+                        read_after: asyncio.Event | None = None) -> None:
+        """As :meth:`stage_everywhere`, in the caller's loop; the consumers of ``may_fail`` may fail. With
+        ``read_after``, each consumer leaves its daemon to prefetch the dataset (its plan's window) and reads
+        it, blocking on each shard in turn, only once that event is set."""
         async def stage(node: Node) -> None:
             session = RemoteSession(node.socket, CacheConfig(directory=node.cache), FetchConfig(), fallback=False,
                                     reconnect_timeout=1.0)  # a daemon killed on purpose is not waited for
             try:
                 dataset = await session.open_dataset(self.source)
                 plan = await session.plan(dataset, range(len(self.corpus.manifest)))
+                if read_after is not None:
+                    await read_after.wait()
                 for position in range(len(self.corpus.manifest)):
                     await plan.ready(position)
                 await plan.close()

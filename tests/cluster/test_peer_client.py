@@ -21,6 +21,7 @@ from stager.cluster.peer_client import PeerClient, PeerTimeouts
 from stager.cluster.peer_source import ClusterSources
 from stager.cluster.request import BLOBS_PATH, PeerRequest
 from stager.cluster.stats import ClusterStats
+from stager.engine import URGENT
 from stager.errors import PeerError
 from stager.store import RangeSink
 from stager.testing.s3server import free_port
@@ -259,6 +260,56 @@ async def test_a_hold_request_takes_the_block_aligned_start_a_peer_holds_and_oth
         assert caught.value.kind == "protocol"
         sink = _Recorder()
         assert await client.read_into(peer, ask("hold", 2048), lambda: sink) == 2048 and sink.ended == "closed"
+    finally:
+        await client.close()
+        await stack.aclose()
+
+
+async def test_a_node_asks_a_peer_for_every_blob_at_once_and_an_urgent_request_first_marked_urgent():
+    # At most per_peer requests to a peer are open; the rest wait their turn: a request a consumer blocks on
+    # (its engine priority URGENT now, though it was not when asked) first, marked urgent for the peer, then
+    # the first request of each blob before the second of any, so the peer has every blob to choose from.
+    arrived: list[tuple[str, int, str]] = []
+    answer: dict[tuple[str, int], asyncio.Event] = {}
+
+    async def blob(request: web.Request) -> web.StreamResponse:
+        key = (request.match_info["digest"][0], int(request.query["start"]))
+        arrived.append((*key, request.query["urgent"]))
+        answer[key] = asyncio.Event()
+        async with asyncio.timeout(30):  # bounded: each is released by the test
+            await answer[key].wait()
+        return web.Response(body=b"x" * 1024)
+
+    stack = contextlib.AsyncExitStack()
+    peer = await stack.enter_async_context(fake_peer(blob))
+    me = "127.0.0.3:7070"
+    client = PeerClient(PeerAuth(SECRET), lambda: me, per_peer=2)
+    priority = {"a": 0.0, "b": 1.0, "c": 2.0}
+
+    async def ask(tag: str, start: int) -> int:
+        request = PeerRequest(tag * 32, start, start + 1024, 8192, 1024, 0, "", "", "relay", me)
+        return await client.read_into(peer, request, _Discard, priority=lambda: priority[tag])
+
+    async def until(count: int) -> None:
+        async with asyncio.timeout(10):
+            while len(arrived) < count:
+                await asyncio.sleep(0.01)
+
+    try:
+        tasks = []
+        for tag, start in [("a", 0), ("a", 1024), ("a", 2048), ("b", 0), ("b", 1024), ("c", 0)]:
+            tasks.append(asyncio.create_task(ask(tag, start)))
+            await asyncio.sleep(0)  # asked in this order
+        await until(2)
+        priority["c"] = URGENT  # its consumer now blocks on it
+        for step, key in enumerate([("a", 0), ("a", 1024), ("c", 0), ("b", 0), ("b", 1024)]):
+            answer[key].set()
+            await until(3 + step if step < 4 else 6)
+        answer[("a", 2048)].set()
+        async with asyncio.timeout(10):
+            assert await asyncio.gather(*tasks) == [1024] * 6
+        assert arrived == [("a", 0, "0"), ("a", 1024, "0"), ("c", 0, "1"), ("b", 0, "0"), ("b", 1024, "0"),
+                           ("a", 2048, "0")]
     finally:
         await client.close()
         await stack.aclose()

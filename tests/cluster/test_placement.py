@@ -78,3 +78,6 @@ def test_the_owners_children_start_a_blob_a_fanout_th_of_a_request_apart_and_dee
     assert first_block_in(order, order[21], 4, 8) == 0  # rank 21: its parent is 5, whose is 1
     assert first_block_in(order, "10.9.9.9:7070", 4, 8) == 0  # not a member
     assert [first_block_in(order, m, 4, 5) for m in order[1:5]] == [0, 1, 2, 3]
+    small = order[:4]  # an owner with three children: a third of a request apart, each child's run as long
+    assert [first_block_in(small, m, 4, 9) for m in small] == [0, 0, 3, 6]
+    assert [first_block_in(order[:2], m, 4, 8) for m in order[:2]] == [0, 0]
