@@ -46,6 +46,27 @@ def epoch(data: Path, cache: Path, seq_len: int, *, epoch_number: int = 0, **kwa
     return samples
 
 
+def assert_decompressed_once_then_mapped(data: Path, cache: Path, seq_len: int, manifest, native: list[np.ndarray],
+                                         forms: int) -> None:
+    """A cold epoch makes each compressed shard's decompressed form once into the cache (``forms`` of them, each
+    a complete blob of the manifest's ``raw_size``); a warm epoch reads the same files without writing them."""
+    from stager.cache import BlobState, CacheTier
+    from stager.config import CacheConfig
+
+    assert_every_sample_once(epoch(data, cache, seq_len), native)
+    made = [cache / "blobs" / d[:2] / d for i in range(len(manifest)) if (d := manifest.raw_digest(i))]
+    assert len(made) == forms and all(p.exists() for p in made)
+    stamps = [p.stat().st_mtime_ns for p in made]
+    with CacheTier(CacheConfig(directory=cache, capacity=1 << 30), reconcile=False) as tier:
+        for i in range(len(manifest)):
+            if manifest.raw_digest(i):
+                record = tier.record(manifest.raw_digest(i))
+                assert record is not None and record.state is BlobState.COMPLETE
+                assert record.size == int(manifest.raw_sizes[i])
+    assert_every_sample_once(epoch(data, cache, seq_len, epoch_number=1), native)  # warm: the same files, mapped
+    assert [p.stat().st_mtime_ns for p in made] == stamps
+
+
 def as_multiset(samples: Iterable[np.ndarray]) -> Counter:
     """Samples as a multiset of (dtype, bytes): equal means the same samples, bit for bit, as often."""
     return Counter((np.asarray(s).dtype.name, np.asarray(s).tobytes()) for s in samples)

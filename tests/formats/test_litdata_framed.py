@@ -13,11 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stager.cache import BlobState, CacheTier
 from stager.codecs import decompress, unframe
-from stager.config import CacheConfig
 
-from .golden import assert_every_sample_once, epoch, index, refused
+from .golden import assert_decompressed_once_then_mapped, assert_every_sample_once, epoch, index, refused
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "litdata"
 SEQ = 16
@@ -50,19 +48,7 @@ def test_framed_chunks_read_as_litdatas_documents_decompressed_once_into_the_cac
         assert int(manifest.tokens[i]) == len(streams[chunk["filename"]])
         items = chunk["chunk_size"]
         assert int(manifest.raw_sizes[i]) == (items + 2) * 4 + 4 * len(streams[chunk["filename"]])
-    cache = tmp_path / "cache"
-    assert_every_sample_once(epoch(data, cache, SEQ), windows)
-    made = [cache / "blobs" / d[:2] / d for i in range(len(manifest)) if (d := manifest.raw_digest(i))]
-    assert len(made) == 4 and all(p.exists() for p in made)
-    stamps = [p.stat().st_mtime_ns for p in made]
-    with CacheTier(CacheConfig(directory=cache, capacity=1 << 30), reconcile=False) as tier:
-        for i in range(len(manifest)):
-            if manifest.raw_digest(i):
-                record = tier.record(manifest.raw_digest(i))
-                assert record is not None and record.state is BlobState.COMPLETE
-                assert record.size == int(manifest.raw_sizes[i])
-    assert_every_sample_once(epoch(data, cache, SEQ, epoch_number=1), windows)  # warm: the same files, mapped
-    assert [p.stat().st_mtime_ns for p in made] == stamps
+    assert_decompressed_once_then_mapped(data, tmp_path / "cache", SEQ, manifest, windows, forms=4)
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -14,11 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stager.cache import BlobState, CacheTier
 from stager.codecs import decompress, unframe
-from stager.config import CacheConfig
 
-from .golden import assert_every_sample_once, epoch, index, refused
+from .golden import assert_decompressed_once_then_mapped, assert_every_sample_once, epoch, index, refused
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "litdata"
 SEQ = 16
@@ -61,19 +59,7 @@ def test_uncompressed_pytree_chunks_read_as_litdatas_documents_made_once_into_th
         items = chunk["chunk_size"]
         assert int(manifest.raw_sizes[i]) == (items + 2) * 4 + streams[chunk["filename"]].nbytes
         assert int(manifest.raw_sizes[i]) == chunk["chunk_bytes"] - 4 * items  # the size words, taken out
-    cache = tmp_path / "cache"
-    assert_every_sample_once(epoch(data, cache, SEQ), windows)
-    made = [cache / "blobs" / d[:2] / d for i in range(len(manifest)) if (d := manifest.raw_digest(i))]
-    assert len(made) == 4 and all(p.exists() for p in made)
-    stamps = [p.stat().st_mtime_ns for p in made]
-    with CacheTier(CacheConfig(directory=cache, capacity=1 << 30), reconcile=False) as tier:
-        for i in range(len(manifest)):
-            if manifest.raw_digest(i):
-                record = tier.record(manifest.raw_digest(i))
-                assert record is not None and record.state is BlobState.COMPLETE
-                assert record.size == int(manifest.raw_sizes[i])
-    assert_every_sample_once(epoch(data, cache, SEQ, epoch_number=1), windows)  # warm: the same files, mapped
-    assert [p.stat().st_mtime_ns for p in made] == stamps
+    assert_decompressed_once_then_mapped(data, tmp_path / "cache", SEQ, manifest, windows, forms=4)
 
 
 def test_windows_of_any_length_are_cut_from_each_chunks_documents_concatenated(tmp_path, capsys):
