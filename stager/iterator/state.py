@@ -3,7 +3,7 @@
 A state is a plain dict of ints, strings and lists (it survives ``torch.save``,
 JSON and torchdata's incremental worker snapshots)::
 
-    format, version          "stager.iterator", 1
+    format, version          "stager.iterator", 2 (2: the first window of an epoch in block stripes)
     fingerprint              the sample index it belongs to (dataset digests, seq_len, labels)
     seed, shuffle, shuffle_window     the order it belongs to
     epoch                    the epoch being read
@@ -37,7 +37,9 @@ from ..errors import ConfigError
 from .deal import Layout, Remainder, redeal
 
 FORMAT = "stager.iterator"
-VERSION = 1
+#: 2: the first shuffle window of each epoch is read in block stripes (order.py), so a position of
+#: that window names another sample than it did in a version 1 state.
+VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,9 @@ class StreamState:
         """
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise ConfigError("not a stager iterator state (expected a dict with format 'stager.iterator')")
+        if data.get("version") == 1:
+            raise ConfigError("iterator state version 1 was made by an older stager, whose first shuffle window of "
+                              "each epoch had another order; it cannot resume here (expected version 2)")
         if data.get("version") != VERSION:
             raise ConfigError(f"iterator state version {data.get('version')!r} is not supported (expected {VERSION})")
         try:
