@@ -13,11 +13,18 @@ Per epoch, the iterator:
    shuffle window, it tells the plan the past windows are done (``advance``:
    eviction can take them) and opens every shard of the window (``ready``:
    its verified cache file, fetched urgently if the prefetcher is behind).
+   The first window of an epoch is read in block stripes (:mod:`.order`): a
+   shard of it that is not complete yet is served from its verified blocks
+   (:mod:`.block_shard`, the session's ``read_block``) while the engine stages
+   it whole, and mapped as any other once its cache file is complete; so a
+   cold start's first batch waits for about one block per shard of the
+   window, not for the window.
 
 Samples are views of memory-mapped cache files (or copies of the requested
 ``dtype``); with ``batch_size`` and ``batches=True`` they come as
-``(batch, sample_len)`` arrays. Only verified, complete cache files are ever
-opened, and each one's map is hashed against the blob's digest before the
+``(batch, sample_len)`` arrays. Only verified bytes are ever read: blocks
+checked against the manifest's block digests, and complete cache files,
+each one's map hashed against the blob's digest before the
 first sample is cut from it in this process (one that changed on the disk is
 dropped and fetched again, see :mod:`stager.cache.reader`); an origin failure that outlasts the retry budget raises its error,
 naming the shard, and no sample is made up.
@@ -25,6 +32,8 @@ naming the shard, and no sample is made up.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -43,10 +52,11 @@ from ..config import SourceConfig
 from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
 from ..manifest import Manifest
 from .ahead import MadeAhead
+from .block_shard import BlockShard
 from .config import IteratorConfig
 from .deal import Layout, Remainder, Slice
 from .order import EpochOrder, OrderSpec
-from .readers import reader_for
+from .readers import FlatReader, NpyReader, reader_for
 from .samples import SampleIndex
 from .shard_plan import plan_shards
 from .state import StreamState, from_loader_state
@@ -98,6 +108,7 @@ class TokenIterator:
         self._link: StagingLink | None = None
         self._finalizer: weakref.finalize | None = None
         self._stats = IteratorStats()
+        self._blocks_served = 0  # blocks read by shards served from their blocks (BlockShard)
         self._cursor: tuple[EpochOrder, Slice] | None = None
         self._ahead: MadeAhead[tuple[int, Any]] | None = None
         #: Applied to each batch as it is made (on the helper thread when made ahead): torch's
@@ -246,7 +257,7 @@ class TokenIterator:
         for run_window, shards, offsets in self._positions(order, piece, self._done):
             self._check(generation)
             if run_window != window:
-                window = self._enter_window(link, run_window, plan, arrays)
+                window = self._enter_window(link, run_window, plan, arrays, order)
             for shard, offset in zip(shards, offsets):
                 self._done += 1
                 sample = arrays[shard][offset:offset + n]
@@ -264,7 +275,7 @@ class TokenIterator:
         for run_window, shards, offsets in self._positions(order, piece, start):
             self._check(generation)
             if run_window != window:
-                window = self._enter_window(link, run_window, plan, arrays)
+                window = self._enter_window(link, run_window, plan, arrays, order)
             for shard, offset in zip(shards, offsets):
                 out[row] = arrays[shard][offset:offset + n]
                 row += 1
@@ -288,22 +299,34 @@ class TokenIterator:
             log.info("%s", describe(self.stats()))
 
     def _enter_window(self, link: StagingLink, window: int, plan: tuple[np.ndarray, np.ndarray],
-                      arrays: dict[int, np.ndarray]) -> int:
+                      arrays: dict[int, Any], order: EpochOrder) -> int:
         """Open every shard this consumer reads in ``window`` (waiting for any not staged yet).
 
         The window's samples come from its shards in random order, so any of them is needed
         within a few steps: waiting for them all here, once, keeps the plan out of the per-sample
         path and puts a cold start's wait before the first sample of a window, not spread over it.
         Positions only grow, so the shards of earlier windows are done: the plan moves past them.
+        The first window of an epoch is read in block stripes: its shards not complete yet are
+        served from their blocks instead (their first blocks asked for at once), the others opened.
         """
         shards, windows = plan
         start = int(np.searchsorted(windows, window, side="left"))
         stop = int(np.searchsorted(windows, window, side="right"))
+        for old in arrays.values():
+            if isinstance(old, BlockShard):
+                old.close()
         arrays.clear()
         link.advance(start)
         self._maybe_log()
+        opened = []
         for position in range(start, stop):
             shard = int(shards[position])
+            served = self._block_shard(link, shard, arrays) if window == 0 and order.stripes is not None else None
+            if served is None:
+                opened.append((shard, position))
+            else:
+                arrays[shard] = served
+        for shard, position in opened:
             arrays[shard] = self._open(link, shard, position)
         if stop < len(windows):  # this consumer's next window
             end = int(np.searchsorted(windows, windows[stop], side="right"))
@@ -355,6 +378,82 @@ class TokenIterator:
         # Compressed: its decompressed form is what the reader opens.
         data = self._staged(link, shard, position) if m.codecs[shard] is None else self._inflated(link, shard, position)
         return reader.open(data, name, m.dtypes[shard], int(m.tokens[shard]))
+
+    def _block_shard(self, link: StagingLink, shard: int, arrays: dict[int, Any]) -> BlockShard | None:
+        """``shard`` served from its verified blocks until its cache file is complete (which then takes its
+        place in ``arrays``); None if it is complete now, compressed, or of a format not served so."""
+        m = self.manifest
+        name, dtype, digest = m.paths[shard], m.dtypes[shard], m.digest(shard)
+        if m.codecs[shard] is not None or dtype is None or self._block_reads().complete(digest) is not None:
+            return None
+        reader = reader_for(name, token_column=self.config.token_column, layout=m.layouts[shard],
+                            column=m.columns[shard], codec=m.codecs[shard])
+        if type(reader) not in (FlatReader, NpyReader):
+            return None
+        tokens = int(m.tokens[shard])
+        where = f"{self.source.url}/{name}"
+
+        def complete() -> np.ndarray | None:
+            path = self._block_reads().complete(digest)
+            if path is None:
+                return None
+            try:
+                data = self._map_checked(path, shard)
+            except (CacheCorrupt, FileNotFoundError):
+                return None  # dropped as bad, or gone: its blocks still serve it
+            array = reader.open(data, name, dtype, tokens)
+            arrays[shard] = array  # the per-sample path slices the array itself from now on
+            return array
+
+        def fetch(block: int) -> concurrent.futures.Future:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+
+            async def read() -> None:
+                if not future.set_running_or_notify_cancel():
+                    return
+                try:
+                    assert link.session is not None and link.dataset is not None
+                    data = await link.session.read_block(link.dataset, shard, block)
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiter, whatever it is
+                    future.set_exception(exc)
+                    if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
+                        raise
+                else:
+                    future.set_result(data)
+
+            link.loop.submit(read())
+            return future
+
+        deadline = 4 * self.fetch_config.retry.deadline + 60.0  # the session's own deadline comes first
+
+        def wait(future: concurrent.futures.Future) -> bytes:
+            began = time.monotonic()
+            try:
+                while True:  # bounded: by the session's retry deadline, the loop's end, or ``deadline``
+                    try:
+                        data = future.result(timeout=1.0)
+                        break
+                    except concurrent.futures.TimeoutError:
+                        if not link.usable or time.monotonic() - began > deadline:
+                            raise CacheError(f"{where}: a block was not read within {deadline:.0f} s "
+                                             "(the staging loop stopped or hung)") from None
+                    except (concurrent.futures.CancelledError, asyncio.CancelledError):
+                        raise CacheError(f"{where}: a block read was cancelled (the iterator is closing)") from None
+            except (OriginError, CacheError) as exc:
+                if name in str(exc):
+                    raise
+                raise type(exc)(f"{where}: cannot be read: {exc}") from exc
+            finally:
+                self._stats.wait_seconds += time.monotonic() - began
+            self._blocks_served += 1
+            return data
+
+        base, itemsize = self.index.token_bytes
+        served = BlockShard(where, int(base[shard]), np.dtype(dtype).newbyteorder("<"), tokens, int(m.sizes[shard]),
+                            m.block_size, fetch, wait, complete, npy=isinstance(reader, NpyReader))
+        served.start()
+        self._stats.opened(False, 0.0)  # not staged when first needed; its block waits count as they come
+        return served
 
     def _staged(self, link: StagingLink, shard: int, position: int) -> memoryview | bytes:
         """The staged, verified blob of ``shard`` mapped: the complete cache file if there is one, else
@@ -509,7 +608,7 @@ class TokenIterator:
         """Time waited for data, bytes staged, cache hits, retries, steps of data ready ahead."""
         session = self._link.stats() if self._link is not None and self._link.usable else {}
         reads = self._reads.stats() if self._reads is not None else {}
-        return {**self._stats.as_dict(session, self._ready_ahead()), **reads}
+        return {**self._stats.as_dict(session, self._ready_ahead()), "blocks_served": self._blocks_served, **reads}
 
     def _ready_ahead(self) -> int:
         """Whole steps (batches) from the cursor whose shards are all verified in the cache."""
