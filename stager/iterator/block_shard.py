@@ -65,9 +65,10 @@ class BlockShard:
         self.array: np.ndarray | None = None  # the mapped shard, once complete
         self.blocks_read = 0
 
-    def start(self) -> None:
-        """Ask for the first blocks now (the first stripe needs them), without waiting."""
-        self._ask(0, AHEAD + 1)
+    def start(self) -> concurrent.futures.Future:
+        """Ask for the first block now (the first stripe needs it), without waiting; its read."""
+        self._ask(0, 1)
+        return self._pending[0]
 
     def __getitem__(self, key: slice) -> np.ndarray:
         if self.array is None:

@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 
 BLOCK = 8192  # positions mapped per NumPy call while reading
 AHEAD_LIMIT = 1 << 16  # samples looked at for the "steps ready ahead" figure
+FIRST_BLOCKS_WAIT = 30.0  # seconds the plan waits for the first window's first blocks, at most
 RESERVATION_UNIT = 4096  # the cache charges each blob in whole units of at least this (CacheTier._unit)
 
 
@@ -201,12 +202,14 @@ class TokenIterator:
         piece = self._slice(self._remainder)
         self._cursor = (order, piece)
         link = self._staging()
-        plan = self._start_plan(link, order, piece, self._done)
+        arrays: dict[int, Any] = {}  # the open shards of the window being read (BlockShard or array)
+        plan = self._start_plan(link, order, piece, self._done, arrays)
         try:
             if self.batches:
-                yield from self._counted(generation, self._batches(generation, link, order, piece, plan, self._done))
+                yield from self._counted(generation, self._batches(generation, link, order, piece, plan, self._done,
+                                                                   arrays))
             else:
-                yield from self._samples(generation, link, order, piece, plan)
+                yield from self._samples(generation, link, order, piece, plan, arrays)
         finally:
             if generation == self._generation:
                 self._cursor = None
@@ -249,10 +252,9 @@ class TokenIterator:
                 yield int(windows[a]), shards[a:b], offsets[a:b]
 
     def _samples(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
-                 plan: tuple[np.ndarray, np.ndarray]) -> Iterator[np.ndarray]:
+                 plan: tuple[np.ndarray, np.ndarray], arrays: dict[int, Any]) -> Iterator[np.ndarray]:
         n = self.sample_spec.sample_len
         convert = self.dtype
-        arrays: dict[int, np.ndarray] = {}
         window = -1
         for run_window, shards, offsets in self._positions(order, piece, self._done):
             self._check(generation)
@@ -264,10 +266,10 @@ class TokenIterator:
                 yield sample if convert is None else sample.astype(convert)
 
     def _batches(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
-                 plan: tuple[np.ndarray, np.ndarray], start: int) -> Iterator[tuple[int, Any]]:
+                 plan: tuple[np.ndarray, np.ndarray], start: int,
+                 arrays: dict[int, Any]) -> Iterator[tuple[int, Any]]:
         """(rows, batch) pairs: the batch as an array, or as ``wrap_batch`` makes it."""
         n, size = self.sample_spec.sample_len, self.layout.batch
-        arrays: dict[int, np.ndarray] = {}
         window = -1
         out = np.empty((size, n), dtype=self.out_dtype)
         row = 0
@@ -312,22 +314,19 @@ class TokenIterator:
         shards, windows = plan
         start = int(np.searchsorted(windows, window, side="left"))
         stop = int(np.searchsorted(windows, window, side="right"))
+        # Shards served from blocks are the first window's, made with the plan (see _start_plan).
+        kept = {s: a for s, a in arrays.items() if isinstance(a, BlockShard)} if window == 0 else {}
         for old in arrays.values():
-            if isinstance(old, BlockShard):
+            if isinstance(old, BlockShard) and old not in kept.values():
                 old.close()
         arrays.clear()
+        arrays.update(kept)
         link.advance(start)
         self._maybe_log()
-        opened = []
         for position in range(start, stop):
             shard = int(shards[position])
-            served = self._block_shard(link, shard, arrays) if window == 0 and order.stripes is not None else None
-            if served is None:
-                opened.append((shard, position))
-            else:
-                arrays[shard] = served
-        for shard, position in opened:
-            arrays[shard] = self._open(link, shard, position)
+            if shard not in arrays:
+                arrays[shard] = self._open(link, shard, position)
         if stop < len(windows):  # this consumer's next window
             end = int(np.searchsorted(windows, windows[stop], side="right"))
             self._inflate_ahead(link, shards, range(stop, end))
@@ -362,10 +361,27 @@ class TokenIterator:
             self._finalizer = weakref.finalize(self, self._link.close)
         return self._link
 
-    def _start_plan(self, link: StagingLink, order: EpochOrder, piece: Slice,
-                    start: int) -> tuple[np.ndarray, np.ndarray]:
+    def _start_plan(self, link: StagingLink, order: EpochOrder, piece: Slice, start: int,
+                    arrays: dict[int, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Register this consumer's plan; when it starts in the striped first window, first put that
+        window's shards not staged yet in ``arrays`` as :class:`BlockShard` and read their first blocks:
+        read before the plan starts, they take the first requests and the whole link, not places behind
+        the prefetches (a request in flight holds its slot until its last byte: on a slow link, seconds).
+        The prefetch starts a block's round trip later; the first batch needs those blocks anyway."""
         plan = plan_shards(order, self._order(order.epoch + 1), piece, start, self.manifest.sizes,
                            self.config.prefetch_bytes or self.fetch_config.window_bytes)
+        if order.stripes is not None and len(plan.windows) and plan.windows[0] == 0:
+            served = []
+            for shard in plan.shards[plan.windows == 0].tolist():
+                one = self._block_shard(link, shard, arrays)
+                if one is not None:
+                    arrays[shard] = one
+                    served.append(one)
+            # Block 0 of every shard (the first steps need them all), then the plan: a block asked for
+            # once its prefetches hold the requests would wait for one of them to end. The next blocks
+            # are asked for as each shard is first read.
+            first = [one.start() for one in served]
+            concurrent.futures.wait(first, timeout=FIRST_BLOCKS_WAIT)  # an error shows where it is read
         link.start_plan(plan.staged, plan.ahead, plan.name)
         self._stats.plans += 1
         return plan.shards, plan.windows
@@ -451,7 +467,6 @@ class TokenIterator:
         base, itemsize = self.index.token_bytes
         served = BlockShard(where, int(base[shard]), np.dtype(dtype).newbyteorder("<"), tokens, int(m.sizes[shard]),
                             m.block_size, fetch, wait, complete, npy=isinstance(reader, NpyReader))
-        served.start()
         self._stats.opened(False, 0.0)  # not staged when first needed; its block waits count as they come
         return served
 
