@@ -381,7 +381,9 @@ class TokenIterator:
             # once its prefetches hold the requests would wait for one of them to end. The next blocks
             # are asked for as each shard is first read.
             first = [one.start() for one in served]
+            began = time.monotonic()
             concurrent.futures.wait(first, timeout=FIRST_BLOCKS_WAIT)  # an error shows where it is read
+            self._stats.wait_seconds += time.monotonic() - began
         link.start_plan(plan.staged, plan.ahead, plan.name)
         self._stats.plans += 1
         return plan.shards, plan.windows
@@ -620,7 +622,8 @@ class TokenIterator:
     # -- stats and lifetime ---------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Time waited for data, bytes staged, cache hits, retries, steps of data ready ahead."""
+        """Time waited for data (shards and blocks), bytes staged, cache hits, retries, steps of data ready
+        ahead, and ``blocks_served``: blocks read for shards served from their blocks (a cold first window)."""
         session = self._link.stats() if self._link is not None and self._link.usable else {}
         reads = self._reads.stats() if self._reads is not None else {}
         return {**self._stats.as_dict(session, self._ready_ahead()), "blocks_served": self._blocks_served, **reads}

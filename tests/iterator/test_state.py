@@ -34,6 +34,12 @@ def test_malformed_states_are_config_errors(bad):
         StreamState.from_dict(bad)
 
 
+def test_a_version_1_state_is_refused_in_one_line_naming_the_first_window_order():
+    with pytest.raises(ConfigError, match="first shuffle window") as caught:
+        StreamState.from_dict({**state({0: 1}).to_dict(), "version": 1})
+    assert "\n" not in str(caught.value)
+
+
 def test_check_refuses_other_streams():
     s = state({0: 1})
     s.check("f" * 16, 7, True, 8)
