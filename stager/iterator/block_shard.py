@@ -65,10 +65,14 @@ class BlockShard:
         self.array: np.ndarray | None = None  # the mapped shard, once complete
         self.blocks_read = 0
 
-    def start(self) -> concurrent.futures.Future:
-        """Ask for the first block now (the first stripe needs it), without waiting; its read."""
-        self._ask(0, 1)
-        return self._pending[0]
+    def start(self, block: int = 0) -> concurrent.futures.Future:
+        """Ask for ``block`` now (the stripe the reader starts at needs it; a stream resumed mid-window
+        starts past 0), and block 0 for a header to check, without waiting; the read of ``block``."""
+        block = min(max(block, 0), self.blocks - 1)
+        if not self._header_checked:
+            self._ask(0, 1)
+        self._ask(block, 1)
+        return self._pending[block]
 
     def __getitem__(self, key: slice) -> np.ndarray:
         if self.array is None:

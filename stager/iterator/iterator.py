@@ -380,7 +380,9 @@ class TokenIterator:
             # Block 0 of every shard (the first steps need them all), then the plan: a block asked for
             # once its prefetches hold the requests would wait for one of them to end. The next blocks
             # are asked for as each shard is first read.
-            first = [one.start() for one in served]
+            position = int(piece.positions(start, start + 1)[0]) if start < len(piece) else 0
+            stripe = int(np.searchsorted(order.stripes.starts, position, side="right")) - 1  # where it starts
+            first = [one.start(stripe) for one in served]
             began = time.monotonic()
             concurrent.futures.wait(first, timeout=FIRST_BLOCKS_WAIT)  # an error shows where it is read
             self._stats.wait_seconds += time.monotonic() - began

@@ -127,7 +127,7 @@ def test_a_state_saved_mid_first_window_resumes_exactly_in_a_new_process(s3_buck
 
     first_out, second_out, whole_out = tmp_path / "first.json", tmp_path / "second.json", tmp_path / "whole.json"
     proc = subprocess.Popen([sys.executable, "-m", "tests.iterator.stripe_worker", spec("cache"), "-",
-                             str(first_out), "3"], env=env, cwd=REPO)
+                             str(first_out), "6"], env=env, cwd=REPO)
     try:
         deadline = time.monotonic() + 120
         while not first_out.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -144,6 +144,6 @@ def test_a_state_saved_mid_first_window_resumes_exactly_in_a_new_process(s3_buck
                        check=True, timeout=300)
     first, second = saved["batches"], json.loads(second_out.read_text())["batches"]
     whole = json.loads(whole_out.read_text())["batches"]
-    assert len(first) == 3
+    assert len(first) == 6  # past the first stripe (64 samples): the resumed one starts at block 1
     assert first + second == whole
     assert sorted(t for b in whole for t in b) == sorted(expected_firsts(manifest, SEQ))
