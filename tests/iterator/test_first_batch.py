@@ -18,8 +18,8 @@ from tests.iterator.corpus import check_sample, expected_firsts, write_counting_
 from tests.iterator.stripe_worker import BLOCK, SETTINGS, make
 
 SEQ = SETTINGS["seq_len"]
-# 8 shards of 64 blocks each (uint32 tokens): a window of 4 is 4 MiB, one block of each shard 64 KiB.
-LENGTHS = [64 * BLOCK // 4 + 300 * i for i in range(8)]
+# 8 shards of 256 blocks each (uint32 tokens): a window of 4 is 16 MiB, one block of each shard 64 KiB.
+LENGTHS = [256 * BLOCK // 4 + 300 * i for i in range(8)]
 REPO = Path(__file__).resolve().parents[2]
 SLOW = 200_000  # bytes/s through the proxy while the first batch is made
 
