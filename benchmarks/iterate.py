@@ -20,10 +20,13 @@ in its own process, side by side:
     and a bandwidth cap); the training loop "computes" for a fixed time per
     step so it consumes at ``--consume`` x the origin bandwidth, and each
     loader makes its batches in one DataLoader worker process, as in
-    training. For each of stager, MosaicML and LitData: time to first batch,
-    time blocked in ``next()``, the stall fraction after the first batch
-    (blocked / elapsed), p99 wait per step, and how many samples had wrong
-    tokens.
+    training. For each of stager, MosaicML, LitData and a naive s3fs reader
+    (``naive``: each sample one ranged GET, in the loop's process, nothing
+    read ahead; it runs at most ``NAIVE_STEPS`` steps, a second or so each):
+    time to first batch, time blocked in ``next()``, the stall fraction after
+    the first batch (blocked / elapsed), p99 wait per step, the bytes the
+    origin sent per byte the loop consumed (counted at the proxy), and how
+    many samples had wrong tokens.
 
 (c) **layouts read in place**: the same corpus as a Hugging Face ``save_to_disk``
     folder, as Hub-style Parquet files (an ``input_ids`` ``list<int32>`` column)
@@ -71,6 +74,7 @@ PEER_PACKAGES = ["torch==2.14.1", "torchvision==0.29.1", "mosaicml-streaming==0.
                  "obstore", "numpy<2.2", "xxhash"]
 KEYS = ("benchaccess0001", "benchsecret000000000001")
 WARMUP = 50  # steps each warm run takes before its timing starts
+NAIVE_STEPS = 20  # cold steps of the naive reader: its figure is the first batch, and each step is a second or so
 
 
 # -- the corpus ------------------------------------------------------------------------------
@@ -158,6 +162,42 @@ def memmap_loader(spec: dict):
             for r, (s, o) in enumerate(zip(shards[i:i + b], offsets[i:i + b])):
                 out[r] = maps[s][o:o + n]
             yield torch.from_numpy(out)
+
+    return batches()
+
+
+def naive_loader(spec: dict):
+    """A naive s3fs reader: stager's sample order, each sample one ranged GET of its bytes (``cat_file``),
+    nothing staged or read ahead; a failed read is tried again, up to five times."""
+    import numpy as np
+    import s3fs
+    import torch
+
+    from stager.iterator import EpochOrder, OrderSpec, SampleIndex, SampleSpec
+    from stager.manifest import read_manifest_file
+
+    manifest = read_manifest_file(str(Path(spec["corpus"]) / ".stager" / "manifest.parquet"))
+    fs = s3fs.S3FileSystem(**spec["storage_options"])
+    bucket = spec["source"].removeprefix("s3://")
+    n, b = spec["seq_len"], spec["batch"]
+    order = EpochOrder(SampleIndex(manifest, SampleSpec(n)), OrderSpec(seed=0, shuffle_window=4), 0)
+    paths = [f"{bucket}/{p}" for p in manifest.paths]
+
+    def read(shard: int, offset: int) -> np.ndarray:
+        for attempt in range(5):
+            try:
+                data = fs.cat_file(paths[shard], start=2 * offset, end=2 * (offset + n))
+                return np.frombuffer(data, dtype="<u2")
+            except Exception:  # noqa: BLE001 - the naive reader's whole retry policy
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
+
+    def batches():
+        for lo in range(0, len(order), b):
+            found = order.lookup(np.arange(lo, min(lo + b, len(order))))
+            rows = [read(s, o) for s, o in zip(found.shards.tolist(), found.offsets.tolist())]
+            yield torch.from_numpy(np.stack(rows).astype(np.int64))
 
     return batches()
 
@@ -256,6 +296,7 @@ PEER_LAYOUTS = {"mds": "mosaic", "mds-zstd": "mosaic-zstd", "litdata": "litdata"
 
 LOADERS = {
     "memmap": memmap_loader,
+    "naive": naive_loader,
     "stager": lambda spec: stager_loader(spec, "direct"),
     "stager per-sample": lambda spec: stager_loader(spec, "per-sample"),
     "stager workers": lambda spec: stager_loader(spec, "workers"),
@@ -402,11 +443,16 @@ def write_layout(kind: str, src: Path, out: Path, seq_len: int) -> None:
         raise SystemExit(f"unknown layout {kind}")
 
 
-def prepare_layouts(root: Path, corpus: Path, seq_len: int, peers: dict) -> dict[str, str | None]:
-    """Write (if missing) and index each layout under ``root``; None for a usable one, else why not."""
+def prepare_layouts(root: Path, corpus: Path, seq_len: int, peers: dict,
+                    wanted=lambda name: True) -> dict[str, str | None]:
+    """Write (if missing) and index each layout under ``root`` that ``wanted`` keeps (its ``stager LAYOUT``
+    contender or its native loader); None for a usable one, else why not."""
     status: dict[str, str | None] = {}
     for layout, (folder, native) in LAYOUTS.items():
         where = root / folder
+        if not (wanted(f"stager {layout}") or wanted(native)):
+            status[layout] = "left out by --only"
+            continue
         if layout in PEER_LAYOUTS:
             if peers.get(native.split()[0]):
                 status[layout] = f"its writer is the peer's ({peers[native.split()[0]]})"
@@ -546,11 +592,11 @@ def compare(args: argparse.Namespace, work: Path) -> None:
                     peers[kind] = why
                 else:  # the compressed MDS copy: only its layout is lost
                     print(f"NOTE: {layout} cannot run here: {why}", flush=True)
-    layouts = prepare_layouts(root, corpus, args.seq_len, peers)
+    wanted = lambda name: (not only or name in only) and peers.get(name.split()[0], None) is None  # noqa: E731
+    layouts = prepare_layouts(root, corpus, args.seq_len, peers, wanted)
     for kind, why in [*peers.items(), *layouts.items()]:
         if why:
             print(f"NOTE: {kind} cannot run here: {why}", flush=True)
-    wanted = lambda name: (not only or name in only) and peers.get(name.split()[0], None) is None  # noqa: E731
 
     # (a) warm: every contender once per round, the median round counts (the machine is shared and noisy)
     epoch_steps = shards * shard_tokens // args.seq_len // args.batch
@@ -643,13 +689,17 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         with FaultProxy(server.endpoint_url, plan, seed=1, credentials=server.credentials) as proxy:
             env = server.env(proxy.url)
             layout_runs = [f"stager {layout}" for layout in LAYOUTS if layouts[layout] is None]
-            for name in ("stager", "stager workers", "mosaic", "litdata", *layout_runs):
+            for name in ("naive", "stager", "stager workers", "mosaic", "litdata", *layout_runs):
                 if not wanted(name):
                     continue
                 steps = args.cold_steps or shards * shard_tokens // args.seq_len // args.cold_batch - 4
                 spec = dict(base, batch=args.cold_batch, steps=steps, step_time=step_time, env=env,
                             capacity=1 << 40, workers=1)
-                if name.startswith("stager"):
+                if name == "naive":
+                    steps = min(steps, NAIVE_STEPS)
+                    spec.update(steps=steps, source="s3://corpus",
+                                storage_options=server.storage_options(proxy.url))
+                elif name.startswith("stager"):
                     shutil.rmtree(work / "cache-cold", ignore_errors=True)  # each stager run starts cold
                     bucket = LAYOUTS[name.split()[1]][0] if name in layout_runs else "corpus"
                     spec.update(source=f"s3://{bucket}", cache=str(work / "cache-cold"),
@@ -662,22 +712,26 @@ def compare(args: argparse.Namespace, work: Path) -> None:
                                 lit_storage_options={"endpoint_url": proxy.url, "aws_access_key_id": KEYS[0],
                                                      "aws_secret_access_key": KEYS[1], "region_name": "us-east-1"},
                                 env={**env, "AWS_ALLOW_HTTP": "true"})
+                fetched = proxy.bytes_forwarded
                 cold[name] = run_contender(name, "cold", spec, 1800)
+                # the origin's bytes per byte the loop consumed (counted at the proxy, the whole run)
+                cold[name]["fetched_per_consumed"] = (proxy.bytes_forwarded - fetched) / (steps * step_bytes)
             faults = proxy.faults
     rows = []
     for name, r in cold.items():
         if "error" in r:
-            rows.append([name, "failed", "", "", "", "", r["error"]])
+            rows.append([name, "failed", "", "", "", "", "", r["error"]])
         else:
             data = f"{r['data_wait_s']:.2f}" if "data_wait_s" in r else "n/a"
             rows.append([name, f"{r['first_batch_s']:.2f}", f"{r['blocked_s']:.2f}",
-                         f"{100 * r['stall_fraction']:.2f}%", f"{r['p99_wait_ms']:.1f}", data, str(r["wrong"])])
+                         f"{100 * r['stall_fraction']:.2f}%", f"{r['p99_wait_ms']:.1f}", data,
+                         f"{r['fetched_per_consumed']:.2f}", str(r["wrong"])])
     print(f"\n(b) cold start through the fault proxy (bandwidth {args.bandwidth_mb:g} MB/s; the loop consumes "
           f"{args.consume:g}x of it: {1000 * step_time:.2f} ms of compute per step of {args.cold_batch} sequences; "
           "stager in the loop's process, then each loader with one worker process); "
           f"faults injected: {faults}")
     print(table(rows, ["contender", "first batch s", "blocked s", "stall after 1st", "p99 wait ms",
-                       "of it on data s", "wrong samples"]))
+                       "of it on data s", "fetched / consumed", "wrong samples"]))
     print(f"\nreproduce: {sys.executable} {__file__} " + " ".join(a for a in sys.argv[1:] if a != "--setup"))
 
 

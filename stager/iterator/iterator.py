@@ -13,11 +13,18 @@ Per epoch, the iterator:
    shuffle window, it tells the plan the past windows are done (``advance``:
    eviction can take them) and opens every shard of the window (``ready``:
    its verified cache file, fetched urgently if the prefetcher is behind).
+   The first window of an epoch is read in block stripes (:mod:`.order`): a
+   shard of it that is not complete yet is served from its verified blocks
+   (:mod:`.block_shard`, the session's ``read_block``) while the engine stages
+   it whole, and mapped as any other once its cache file is complete; so a
+   cold start's first batch waits for about one block per shard of the
+   window, not for the window.
 
 Samples are views of memory-mapped cache files (or copies of the requested
 ``dtype``); with ``batch_size`` and ``batches=True`` they come as
-``(batch, sample_len)`` arrays. Only verified, complete cache files are ever
-opened, and each one's map is hashed against the blob's digest before the
+``(batch, sample_len)`` arrays. Only verified bytes are ever read: blocks
+checked against the manifest's block digests, and complete cache files,
+each one's map hashed against the blob's digest before the
 first sample is cut from it in this process (one that changed on the disk is
 dropped and fetched again, see :mod:`stager.cache.reader`); an origin failure that outlasts the retry budget raises its error,
 naming the shard, and no sample is made up.
@@ -25,6 +32,7 @@ naming the shard, and no sample is made up.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -44,10 +52,11 @@ from ..config import SourceConfig
 from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
 from ..manifest import Manifest
 from .ahead import MadeAhead
+from .block_shard import BlockShard, LinkBlocks, blocks_ahead
 from .config import IteratorConfig
 from .deal import Layout, Remainder, Slice
 from .order import EpochOrder, OrderSpec
-from .readers import reader_for
+from .readers import FlatReader, NpyReader, reader_for
 from .samples import SampleIndex
 from .shard_plan import plan_shards
 from .state import StreamState, from_loader_state
@@ -58,6 +67,7 @@ log = logging.getLogger(__name__)
 
 BLOCK = 8192  # positions mapped per NumPy call while reading
 AHEAD_LIMIT = 1 << 16  # samples looked at for the "steps ready ahead" figure
+FIRST_BLOCKS_WAIT = 30.0  # seconds the plan waits for the first window's first blocks, at most
 RESERVATION_UNIT = 4096  # the cache charges each blob in whole units of at least this (CacheTier._unit)
 
 
@@ -102,9 +112,11 @@ class TokenIterator:
         self._done = 0  # samples of this consumer's slice already yielded
         self._generation = 0
         self._orders: dict[int, EpochOrder] = {}
+        self._unstriped_epoch: int | None = None  # a version 1 state's epoch, read in its unstriped order
         self._link: StagingLink | None = None
         self._finalizer: weakref.finalize | None = None
         self._stats = IteratorStats()
+        self._blocks_via: LinkBlocks | None = None  # block reads for shards served from blocks, made on first use
         self._cursor: tuple[EpochOrder, Slice] | None = None
         self._ahead: MadeAhead[tuple[int, Any]] | None = None
         #: Applied to each batch as it is made (on the helper thread when made ahead): torch's
@@ -171,7 +183,8 @@ class TokenIterator:
         order = self._orders.get(epoch)
         if order is None:
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            order = self._orders[epoch] = EpochOrder(self.index, self.order_spec, epoch)
+            order = self._orders[epoch] = EpochOrder(self.index, self.order_spec, epoch,
+                                                     striped=epoch != self._unstriped_epoch)
         return order
 
     def _slice(self, remainder: Remainder | None) -> Slice:
@@ -197,12 +210,14 @@ class TokenIterator:
         piece = self._slice(self._remainder)
         self._cursor = (order, piece)
         link = self._staging()
-        plan = self._start_plan(link, order, piece, self._done)
+        arrays: dict[int, Any] = {}  # the open shards of the window being read (BlockShard or array)
+        plan = self._start_plan(link, order, piece, self._done, arrays)
         try:
             if self.batches:
-                yield from self._counted(generation, self._batches(generation, link, order, piece, plan, self._done))
+                yield from self._counted(generation, self._batches(generation, link, order, piece, plan, self._done,
+                                                                   arrays))
             else:
-                yield from self._samples(generation, link, order, piece, plan)
+                yield from self._samples(generation, link, order, piece, plan, arrays)
         finally:
             if generation == self._generation:
                 self._cursor = None
@@ -245,25 +260,24 @@ class TokenIterator:
                 yield int(windows[a]), shards[a:b], offsets[a:b]
 
     def _samples(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
-                 plan: tuple[np.ndarray, np.ndarray]) -> Iterator[np.ndarray]:
+                 plan: tuple[np.ndarray, np.ndarray], arrays: dict[int, Any]) -> Iterator[np.ndarray]:
         n = self.sample_spec.sample_len
         convert = self._sample_dtype
-        arrays: dict[int, np.ndarray] = {}
         window = -1
         for run_window, shards, offsets in self._positions(order, piece, self._done):
             self._check(generation)
             if run_window != window:
-                window = self._enter_window(link, run_window, plan, arrays)
+                window = self._enter_window(link, run_window, plan, arrays, order)
             for shard, offset in zip(shards, offsets):
                 self._done += 1
                 sample = arrays[shard][offset:offset + n]
                 yield sample if convert is None else sample.astype(convert)
 
     def _batches(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
-                 plan: tuple[np.ndarray, np.ndarray], start: int) -> Iterator[tuple[int, Any]]:
+                 plan: tuple[np.ndarray, np.ndarray], start: int,
+                 arrays: dict[int, Any]) -> Iterator[tuple[int, Any]]:
         """(rows, batch) pairs: the batch as an array, or as ``wrap_batch`` makes it."""
         n, size = self.sample_spec.sample_len, self.layout.batch
-        arrays: dict[int, np.ndarray] = {}
         window = -1
         out = np.empty((size, n), dtype=self.out_dtype)
         row = 0
@@ -271,7 +285,7 @@ class TokenIterator:
         for run_window, shards, offsets in self._positions(order, piece, start):
             self._check(generation)
             if run_window != window:
-                window = self._enter_window(link, run_window, plan, arrays)
+                window = self._enter_window(link, run_window, plan, arrays, order)
             for shard, offset in zip(shards, offsets):
                 out[row] = arrays[shard][offset:offset + n]
                 row += 1
@@ -295,23 +309,32 @@ class TokenIterator:
             log.info("%s", describe(self.stats()))
 
     def _enter_window(self, link: StagingLink, window: int, plan: tuple[np.ndarray, np.ndarray],
-                      arrays: dict[int, np.ndarray]) -> int:
+                      arrays: dict[int, Any], order: EpochOrder) -> int:
         """Open every shard this consumer reads in ``window`` (waiting for any not staged yet).
 
         The window's samples come from its shards in random order, so any of them is needed
         within a few steps: waiting for them all here, once, keeps the plan out of the per-sample
         path and puts a cold start's wait before the first sample of a window, not spread over it.
         Positions only grow, so the shards of earlier windows are done: the plan moves past them.
+        The first window of an epoch is read in block stripes: its shards not complete yet are
+        served from their blocks instead (their first blocks asked for at once), the others opened.
         """
         shards, windows = plan
         start = int(np.searchsorted(windows, window, side="left"))
         stop = int(np.searchsorted(windows, window, side="right"))
+        # Shards served from blocks are the first window's, made with the plan (see _start_plan).
+        kept = {s: a for s, a in arrays.items() if isinstance(a, BlockShard)} if window == 0 else {}
+        for old in arrays.values():
+            if isinstance(old, BlockShard) and old not in kept.values():
+                old.close()
         arrays.clear()
+        arrays.update(kept)
         link.advance(start)
         self._maybe_log()
         for position in range(start, stop):
             shard = int(shards[position])
-            arrays[shard] = self._open(link, shard, position)
+            if shard not in arrays:
+                arrays[shard] = self._open(link, shard, position)
         if stop < len(windows):  # this consumer's next window
             end = int(np.searchsorted(windows, windows[stop], side="right"))
             self._inflate_ahead(link, shards, range(stop, end))
@@ -346,10 +369,34 @@ class TokenIterator:
             self._finalizer = weakref.finalize(self, self._link.close)
         return self._link
 
-    def _start_plan(self, link: StagingLink, order: EpochOrder, piece: Slice,
-                    start: int) -> tuple[np.ndarray, np.ndarray]:
+    def _start_plan(self, link: StagingLink, order: EpochOrder, piece: Slice, start: int,
+                    arrays: dict[int, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Register this consumer's plan; when it starts in the striped first window, first put that
+        window's shards not staged yet in ``arrays`` as :class:`BlockShard` and read their first blocks:
+        read before the plan starts, they take the first requests and the whole link, not places behind
+        the prefetches (a request in flight holds its slot until its last byte: on a slow link, seconds).
+        The prefetch starts a block's round trip later; the first batch needs those blocks anyway."""
         plan = plan_shards(order, self._order(order.epoch + 1), piece, start, self.manifest.sizes,
                            self.config.prefetch_bytes or self.fetch_config.window_bytes)
+        if order.stripes is not None and len(plan.windows) and plan.windows[0] == 0:
+            served = []
+            for shard in plan.shards[plan.windows == 0].tolist():
+                one = self._block_shard(link, shard, arrays)
+                if one is not None:
+                    arrays[shard] = one
+                    served.append(one)
+            # Block 0 of every shard (the first steps need them all), the next stripes warmed behind them,
+            # then the plan: blocks asked for once the plan's prefetches hold the requests wait for them
+            # to end (measured: the consumer then stalled 6 to 8% at half the link's rate).
+            position = int(piece.positions(start, start + 1)[0]) if start < len(piece) else 0
+            stripe = int(np.searchsorted(order.stripes.starts, position, side="right")) - 1  # where it starts
+            first = [one.start(stripe) for one in served]
+            for ahead in range(1, served[0].ahead + 1 if served else 0):  # the next stripes, in their order,
+                for one in served:                                        # queued behind them
+                    one.warm(stripe + ahead)
+            began = time.monotonic()
+            concurrent.futures.wait(first, timeout=FIRST_BLOCKS_WAIT)  # an error shows where it is read
+            self._waited(time.monotonic() - began)
         link.start_plan(plan.staged, plan.ahead, plan.name)
         self._stats.plans += 1
         return plan.shards, plan.windows
@@ -362,6 +409,52 @@ class TokenIterator:
         # Compressed: its decompressed form is what the reader opens.
         data = self._staged(link, shard, position) if m.codecs[shard] is None else self._inflated(link, shard, position)
         return reader.open(data, name, m.stored_dtype(shard), int(m.tokens[shard]))
+
+    def _block_shard(self, link: StagingLink, shard: int, arrays: dict[int, Any]) -> BlockShard | None:
+        """``shard`` served from its verified blocks until its cache file is complete (which then takes its
+        place in ``arrays``); None if it is complete now, compressed, or of a format not served so."""
+        m = self.manifest
+        name, dtype, digest = m.paths[shard], m.dtypes[shard], m.digest(shard)
+        if m.codecs[shard] is not None or dtype is None or self._block_reads().complete(digest) is not None:
+            return None
+        reader = reader_for(name, token_column=self.config.token_column, layout=m.layouts[shard],
+                            column=m.columns[shard], codec=m.codecs[shard])
+        if type(reader) not in (FlatReader, NpyReader):
+            return None
+        tokens = int(m.tokens[shard])
+        where = f"{self.source.url}/{name}"
+
+        def complete() -> np.ndarray | None:
+            path = self._block_reads().complete(digest)
+            if path is None:
+                return None
+            try:
+                data = self._map_checked(path, shard)
+            except (CacheCorrupt, FileNotFoundError):
+                return None  # dropped as bad, or gone: its blocks still serve it
+            array = reader.open(data, name, dtype, tokens)
+            arrays[shard] = array  # the per-sample path slices the array itself from now on
+            return array
+
+        blocks = self._link_blocks(link)
+        base, itemsize = self.index.token_bytes
+        served = BlockShard(where, int(base[shard]), np.dtype(dtype).newbyteorder("<"), tokens, int(m.sizes[shard]),
+                            m.block_size, functools.partial(blocks.fetch, shard), functools.partial(blocks.warm, shard),
+                            functools.partial(blocks.wait, where=where), complete,
+                            ahead=blocks_ahead(m.block_size, self.order_spec.shards_per_window,
+                                               self.fetch_config.request_bytes),
+                            npy=isinstance(reader, NpyReader))
+        self._stats.opened(False, 0.0)  # not staged when first needed; its block waits count as they come
+        return served
+
+    def _link_blocks(self, link: StagingLink) -> LinkBlocks:
+        """Block reads through ``link`` (one per link: a forked child's new link gets its own)."""
+        if self._blocks_via is None or self._blocks_via.link is not link:
+            self._blocks_via = LinkBlocks(link, 4 * self.fetch_config.retry.deadline + 60.0, self._waited)
+        return self._blocks_via
+
+    def _waited(self, seconds: float) -> None:
+        self._stats.wait_seconds += seconds
 
     def _staged(self, link: StagingLink, shard: int, position: int) -> memoryview | bytes:
         """The staged, verified blob of ``shard`` mapped: the complete cache file if there is one, else
@@ -483,7 +576,8 @@ class TokenIterator:
         o = self.order_spec
         remainder = self._remainder if self._remainder is not None else Remainder.whole(self.index.total)
         return StreamState(self.index.fingerprint, o.seed, o.shuffle, o.shuffle_window, self._epoch, remainder,
-                           self.layout.shape, {self.layout.worker: self._done})
+                           self.layout.shape, {self.layout.worker: self._done},
+                           striped=self._epoch != self._unstriped_epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this consumer's stream stands (plain data: save it with the checkpoint)."""
@@ -509,15 +603,22 @@ class TokenIterator:
         remainder, done = state.resume(self.layout)
         self._stop_ahead()
         self._epoch, self._remainder, self._done = state.epoch, remainder, done
+        unstriped = None if state.striped else state.epoch
+        if unstriped != self._unstriped_epoch:
+            self._unstriped_epoch, self._orders = unstriped, {}
         self._generation += 1
 
     # -- stats and lifetime ---------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Time waited for data, bytes staged, cache hits, retries, steps of data ready ahead."""
+        """Time waited for data (shards and blocks), bytes staged, cache hits, retries, steps of data ready
+        ahead, and ``blocks_served``: blocks read for shards served from their blocks (a cold first window)."""
         session = self._link.stats() if self._link is not None and self._link.usable else {}
         reads = self._reads.stats() if self._reads is not None else {}
-        return {**self._stats.as_dict(session, self._ready_ahead()), **reads}
+        return {**self._stats.as_dict(session, self._ready_ahead()), "blocks_served": self._blocks_served(), **reads}
+
+    def _blocks_served(self) -> int:
+        return self._blocks_via.blocks_read if self._blocks_via is not None else 0
 
     def _ready_ahead(self) -> int:
         """Whole steps (batches) from the cursor whose shards are all verified in the cache."""
@@ -555,5 +656,5 @@ class TokenIterator:
         state = self.__dict__.copy()
         # A copy stages through its own session, and checks files and opens the cache in its own process.
         state.update(_link=None, _finalizer=None, _cursor=None, _ahead=None, _reads=None, _cache=None, _blocks=None,
-                     _inflater=None)
+                     _inflater=None, _blocks_via=None)
         return state

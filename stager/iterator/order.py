@@ -12,7 +12,20 @@ through two keyed permutations (:mod:`.permutation`) that depend only on
 So the stream visits the windows in order and, inside a window, jumps at
 random between its few shards: reads stay local enough that staging a window
 ahead keeps up (a shard is needed during one window only), while samples of
-a shard are spread over its window instead of arriving back to back. Nothing
+a shard are spread over its window instead of arriving back to back.
+
+The **first window of every epoch** is cut into block stripes instead
+(:class:`Stripes`): stripe ``s`` holds every sample of the window whose first
+token lies in block ``s`` of its shard (blocks of the manifest's block size,
+counted from the start of the file the reader maps, tokens placed as
+:attr:`SampleIndex.token_bytes` says), its samples permuted with a key of
+``(seed, epoch, stripe)``, and the stripes go in order. A cold start's first
+steps then need about one block of each of the window's shards, not the
+whole window: the iterator serves them from verified blocks while the engine,
+which fetches each shard from its start, stays ahead of the consumer. The
+later windows are staged whole ahead of the cursor, and keep the full
+shuffle. The stripes are a function of the manifest, the seed and the epoch
+alone, like the rest of the order. Nothing
 here depends on the number of ranks or workers; they only take slices of
 the positions (:mod:`.deal`). A position is mapped in O(log shards) without
 materialising any per-sample array, so an epoch of billions of samples
@@ -60,10 +73,41 @@ class Samples:
     windows: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class Stripes:
+    """The first window of an epoch cut by block (see the module docstring): ``starts[s]`` is the first
+    window position of stripe ``s`` (one more entry: the window's end), ``cells[c]`` the first position of
+    cell ``c = s * slots + j`` (stripe ``s``, the window's slot ``j``: its samples in block ``s``) and
+    ``first[c]`` the cell's first sample in its shard; ``keys[s]`` keys the permutation of stripe ``s``."""
+
+    starts: np.ndarray
+    cells: np.ndarray
+    first: np.ndarray
+    keys: np.ndarray
+    slots: int
+
+    @classmethod
+    def of(cls, counts: np.ndarray, base: np.ndarray, step: np.ndarray, block_size: int, key: int) -> "Stripes":
+        """Stripes of a window whose slots hold ``counts`` samples, sample ``k`` of slot ``j`` starting at byte
+        ``base[j] + k * step[j]`` of its file."""
+        counts, base, step = (np.asarray(a, dtype=np.int64) for a in (counts, base, step))
+        last = (base + np.maximum(counts - 1, 0) * step) // block_size  # the block of each slot's last sample
+        stripes = int(last.max()) + 1
+        edges = np.arange(stripes + 1, dtype=np.int64)[:, None] * block_size  # (stripes + 1, slots)
+        # The first sample of each slot starting at or after each block's start: ceil((edge - base) / step).
+        first = np.clip(-((base[None, :] - edges) // step[None, :]), 0, counts[None, :])
+        per_cell = (first[1:] - first[:-1]).ravel()
+        cells = np.concatenate([[0], np.cumsum(per_cell)]).astype(np.int64)
+        return cls(cells[::len(counts)].copy(), cells, first[:-1].ravel().copy(),
+                   window_keys(key, np.arange(stripes)), len(counts))
+
+
 class EpochOrder:
     """Position -> sample for one epoch of a :class:`SampleIndex`."""
 
-    def __init__(self, index: SampleIndex, spec: OrderSpec, epoch: int) -> None:
+    def __init__(self, index: SampleIndex, spec: OrderSpec, epoch: int, *, striped: bool = True) -> None:
+        """``striped``: the first window in block stripes (False: the full shuffle, as a version 1 state's
+        epoch was read)."""
         if epoch < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
         self.index = index
@@ -78,6 +122,12 @@ class EpochOrder:
         g = spec.shards_per_window
         self.window_start = np.append(self.slot_start[:-1:g], self.slot_start[-1]).astype(np.int64)
         self._key = derive_key("samples", spec.seed, epoch)
+        self.stripes: Stripes | None = None  # the first window's, when shuffled
+        if spec.shuffle and striped and len(shards):
+            window = shards[:g]
+            base, itemsize = index.token_bytes
+            self.stripes = Stripes.of(index.counts[window], base[window], itemsize[window] * index.spec.stride,
+                                      index.manifest.block_size, derive_key("stripes", spec.seed, epoch))
 
     def __len__(self) -> int:
         return int(self.slot_start[-1])
@@ -111,6 +161,9 @@ class EpochOrder:
             raise IndexError(f"positions outside the epoch of {len(self)} samples")
         first = int(np.searchsorted(self.window_start, lo, side="right")) - 1
         if hi < self.window_start[first + 1]:
+            if first == 0 and self.stripes is not None:
+                shards, offsets = self._lookup_striped(p)
+                return Samples(shards, offsets, np.zeros(p.shape, dtype=np.int64))
             return self._lookup_in_window(p, first)
         w = np.searchsorted(self.window_start, p, side="right") - 1
         start = self.window_start[w]
@@ -120,7 +173,22 @@ class EpochOrder:
         u = start + q
         slot = np.searchsorted(self.slot_start, u, side="right") - 1
         shards = self.slot_shard[slot]
-        return Samples(shards, self.index.token_offset(u - self.slot_start[slot]), w)
+        offsets = self.index.token_offset(u - self.slot_start[slot])
+        if self.stripes is not None and first == 0:  # some positions in the striped first window
+            head = w == 0
+            shards[head], offsets[head] = self._lookup_striped(p[head])
+        return Samples(shards, offsets, w)
+
+    def _lookup_striped(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shards and first tokens of positions ``p`` of the first window, in its block stripes."""
+        st = self.stripes
+        assert st is not None
+        s = np.searchsorted(st.starts, p, side="right") - 1
+        begin = st.starts[s]
+        v = begin + permute(p - begin, st.starts[s + 1] - begin, st.keys[s])
+        cell = np.searchsorted(st.cells, v, side="right") - 1
+        local = st.first[cell] + (v - st.cells[cell])
+        return self.slot_shard[cell % st.slots], self.index.token_offset(local)
 
     def _lookup_in_window(self, p: np.ndarray, w: int) -> Samples:
         """`lookup` for positions that all lie in window ``w`` (how a reader asks): one domain, one key."""

@@ -116,6 +116,19 @@ class SampleIndex:
         h.update(self.counts[self.shards].astype("<i8").tobytes())
         return h.hexdigest()
 
+    @cached_property
+    def token_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per manifest shard, where its tokens start in the file the reader maps (bytes) and each token's
+        size, from the manifest alone: the tokens are taken to be the file's last ``tokens * itemsize``
+        bytes (exact for flat ``.bin`` and ``.npy`` files, whose header is what comes before them; an
+        estimate for the column formats). A compressed shard's file is its decompressed form."""
+        m = self.manifest
+        itemsize = np.array([np.dtype(d).itemsize if d else 4 for d in m.dtypes], dtype=np.int64)
+        codecs = np.array([c is not None for c in m.codecs], dtype=bool)
+        size = np.where(codecs, m.raw_sizes, m.sizes).astype(np.int64)
+        tokens = np.maximum(m.tokens, 0).astype(np.int64)
+        return np.maximum(size - tokens * itemsize, 0), itemsize
+
     def token_offset(self, local: np.ndarray) -> np.ndarray:
         """The first token of local sample ``local`` inside its shard."""
         return np.asarray(local, dtype=np.int64) * self.spec.stride

@@ -3,7 +3,8 @@
 A state is a plain dict of ints, strings and lists (it survives ``torch.save``,
 JSON and torchdata's incremental worker snapshots)::
 
-    format, version          "stager.iterator", 1
+    format, version          "stager.iterator", 2 (2: the first window of an epoch in block stripes;
+                             1, an older stager's, resumes its epoch unstriped)
     fingerprint              the sample index it belongs to (dataset digests, seq_len, labels)
     seed, shuffle, shuffle_window     the order it belongs to
     epoch                    the epoch being read
@@ -37,7 +38,12 @@ from ..errors import ConfigError
 from .deal import Layout, Remainder, redeal
 
 FORMAT = "stager.iterator"
-VERSION = 1
+#: 2: the first shuffle window of each epoch is read in block stripes (order.py), so a position of
+#: that window names another sample than it did in a version 1 state. A version 1 state (an older
+#: stager's) still resumes: the rest of its epoch in the order it began in, unstriped, and the epochs
+#: after it striped; a state saved meanwhile says version 1 again.
+VERSION = 2
+UNSTRIPED_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +58,13 @@ class StreamState:
     remainder: Remainder
     shape: tuple[int, int, int]
     progress: Mapping[int, int] = field(default_factory=dict)
+    striped: bool = True  # this epoch's first window in block stripes (False: a version 1 state's epoch)
 
     def to_dict(self) -> dict[str, Any]:
         world, workers, batch = self.shape
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION if self.striped else UNSTRIPED_VERSION,
             "fingerprint": self.fingerprint,
             "seed": self.seed,
             "shuffle": self.shuffle,
@@ -82,15 +89,18 @@ class StreamState:
         """
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise ConfigError("not a stager iterator state (expected a dict with format 'stager.iterator')")
-        if data.get("version") != VERSION:
-            raise ConfigError(f"iterator state version {data.get('version')!r} is not supported (expected {VERSION})")
+        version = data.get("version")
+        if isinstance(version, bool) or version not in (VERSION, UNSTRIPED_VERSION):
+            raise ConfigError(f"iterator state version {version!r} is not supported "
+                              f"(expected {UNSTRIPED_VERSION} or {VERSION})")
         try:
             remainder = Remainder(np.asarray(data["leftover"], dtype=np.int64), int(data["tail"]), int(data["end"]))
             progress = {int(k): int(v) for k, v in dict(data["progress"]).items()}
             shape = (int(data["world"]), int(data["workers"]), int(data["batch"]))
             Layout(shape[0], 0, shape[1], 0, shape[2])  # validates the shape
             return cls(str(data["fingerprint"]), int(data["seed"]), bool(data["shuffle"]),
-                       int(data["shuffle_window"]), int(data["epoch"]), remainder, shape, progress)
+                       int(data["shuffle_window"]), int(data["epoch"]), remainder, shape, progress,
+                       striped=version == VERSION)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):
                 raise

@@ -34,6 +34,12 @@ def test_malformed_states_are_config_errors(bad):
         StreamState.from_dict(bad)
 
 
+def test_a_version_1_state_parses_as_an_unstriped_epoch_and_says_so_again():
+    old = StreamState.from_dict({**state({0: 1}).to_dict(), "version": 1})
+    assert not old.striped and old.to_dict()["version"] == 1
+    assert StreamState.from_dict(state({0: 1}).to_dict()).striped
+
+
 def test_check_refuses_other_streams():
     s = state({0: 1})
     s.check("f" * 16, 7, True, 8)
