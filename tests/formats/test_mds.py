@@ -117,7 +117,11 @@ def test_fixed_size_samples_are_gathered_whole_and_a_short_one_is_refused():
 
     samples = np.random.default_rng(7).integers(0, 60000, (300, 48), dtype=np.uint16)
     reader = MdsReader()
-    assert np.array_equal(reader.open(_fixed_shard(samples), "s.mds", "uint16", samples.size), samples.ravel())
+    shard = _fixed_shard(samples)
+    tokens = reader.open(shard, "s.mds", "uint16", samples.size)
+    assert np.array_equal(tokens, samples.ravel())
+    # One fixed-size column: the samples' tokens lie back to back, read in place (no copy), as a flat shard.
+    assert np.shares_memory(tokens, np.frombuffer(shard, np.uint8)) and not tokens.flags.writeable
     with pytest.raises(CorruptData, match="s.mds"):
         reader.open(_fixed_shard(samples, cut=2), "s.mds", "uint16", samples.size)
 

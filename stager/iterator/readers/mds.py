@@ -2,9 +2,11 @@
 
 The shard is memory-mapped; its offset table gives each sample, and each
 sample's column sizes give where its tokens are (the parsing is shared with
-the index, :mod:`stager.manifest.layouts.mds`). Samples carry headers and
-other columns between their tokens, so the tokens are gathered into one
-array once per open (one copy, as Parquet's decoding is).
+the index, :mod:`stager.manifest.layouts.mds`). A shard whose samples are one
+fixed-size token column (``ndarray:uint16:2048``, as llm-foundry writes them)
+holds its tokens back to back and is read in place, as a flat shard is;
+samples that carry headers or other columns between their tokens are
+gathered into one array once per open (one copy, as Parquet's decoding is).
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ class MdsReader(ColumnReader):
 
 
 def _gather(data, starts: np.ndarray, counts: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """The tokens at ``starts`` (bytes), ``counts`` of them each, in one array: one strided copy when
-    the samples are evenly spaced and of one length (fixed-size samples), else one copy per sample."""
-    out = np.empty(int(counts.sum()), dtype)
+    """The tokens at ``starts`` (bytes), ``counts`` of them each, in one array: a view of ``data`` when
+    the samples' tokens lie back to back (one fixed-size column: the shard's samples are a flat token
+    stream), one strided copy when the samples are evenly spaced and of one length (fixed-size
+    samples with other columns), else one copy per sample."""
     if len(starts) and (len(starts) == 1 or (bool(np.all(counts == counts[0]))
                                              and bool(np.all(np.diff(starts) == starts[1] - starts[0])))):
         width = int(counts[0]) * dtype.itemsize
@@ -49,10 +52,14 @@ def _gather(data, starts: np.ndarray, counts: np.ndarray, dtype: np.dtype) -> np
         raw = np.frombuffer(data, np.uint8)
         if int(starts[-1]) + width > len(raw) or int(starts[0]) < 0:
             raise ValueError(f"samples reach byte {int(starts[-1]) + width} of {len(raw)}")
+        if step == width:  # nothing between the samples' tokens: mapped as they are, like a flat shard
+            return np.frombuffer(data, dtype, int(counts.sum()), int(starts[0]))
+        out = np.empty(int(counts.sum()), dtype)
         rows = np.lib.stride_tricks.as_strided(raw[int(starts[0]):], (len(starts), width), (step, 1),
                                                writeable=False)
         out.view(np.uint8).reshape(len(starts), width)[:] = rows
         return out
+    out = np.empty(int(counts.sum()), dtype)
     at = 0
     for start, count in zip(starts.tolist(), counts.tolist()):
         out[at:at + count] = np.frombuffer(data, dtype, count, start)
