@@ -75,6 +75,10 @@ class Plan:
             self.bounds = ReadAhead(window_bytes, floor_bytes, ahead_seconds)
         except ValueError as exc:
             raise StagerError(f"plan {name}: {exc}") from None
+        #: The most it stages ahead of its cursor (its byte window), the least, and the seconds of
+        #: the consumer's reading it stages in between (see :mod:`.read_ahead`).
+        self.window_bytes, self.floor_bytes = self.bounds.cap_bytes, self.bounds.floor_bytes
+        self.ahead_seconds = self.bounds.seconds
         self.consumption = ConsumptionRate(clock)
         self.cursor = 0
         self._ends = np.cumsum(manifest.sizes[self.order]) if len(self.order) else np.zeros(0, np.int64)
@@ -92,19 +96,6 @@ class Plan:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._prefetch(), name=f"prefetch {self.name}")
-
-    @property
-    def window_bytes(self) -> int:
-        """The most this plan stages ahead of its cursor (its byte window)."""
-        return self.bounds.cap_bytes
-
-    @property
-    def floor_bytes(self) -> int:
-        return self.bounds.floor_bytes
-
-    @property
-    def ahead_seconds(self) -> float:
-        return self.bounds.seconds
 
     @property
     def rate(self) -> float | None:
