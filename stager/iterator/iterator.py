@@ -366,7 +366,10 @@ class TokenIterator:
         if self._link is None or not self._link.usable:
             self._link = StagingLink(self.source, self.manifest, self.cache_config, self.fetch_config,
                                      self.config.session, self.config.socket)
-            self._finalizer = weakref.finalize(self, self._link.close)
+            # Collected: the link is closed without waiting (a finalizer may run inside any lock, on any
+            # thread); at interpreter exit, StagingLink's own hook closes it and waits.
+            self._finalizer = weakref.finalize(self, self._link.close_soon)
+            self._finalizer.atexit = False
         return self._link
 
     def _start_plan(self, link: StagingLink, order: EpochOrder, piece: Slice, start: int,
@@ -639,8 +642,9 @@ class TokenIterator:
     def close(self) -> None:
         """Stop staging for this iterator (the cache keeps what was staged). Idempotent."""
         self._stop_ahead()
-        if self._finalizer is not None:
-            self._finalizer()
+        finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None and finalizer.detach() is not None and self._link is not None:
+            self._link.close()  # asked for: wait for the close (the finalizer's would not)
         self._link = None
         cache, self._cache = self._cache, None
         if cache is not None:

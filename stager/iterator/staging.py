@@ -17,9 +17,11 @@ verified files from the cache directory itself.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import logging
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,7 @@ class StagingLink:
         except BaseException:
             self.loop.stop()
             raise
+        _OPEN.add(self)
 
     @staticmethod
     async def _open(source: SourceConfig, manifest: Manifest, cache: CacheConfig, fetch: FetchConfig,
@@ -143,6 +146,28 @@ class StagingLink:
         finally:
             self.loop.stop()
 
+    def close_soon(self) -> None:
+        """Start :meth:`close` on the link's loop and return without waiting; the loop stops when it is done.
+
+        For a finalizer: the garbage collector runs one on whatever thread allocates, inside whatever
+        lock that thread holds (an executor's, say), and closing hands work to executors, so waiting
+        there can wait for itself. At interpreter exit the links still open are closed with
+        :meth:`close` (:func:`_close_open_links`).
+        """
+        if not self.usable:
+            return
+        loop = self.loop
+
+        async def close_then_stop() -> None:
+            try:
+                await asyncio.wait_for(self._close(), CLOSE_TIMEOUT)
+            except Exception as exc:  # noqa: BLE001 - teardown, nobody waits: report and stop the loop
+                log.debug("closing the staging session failed: %r", exc)
+            finally:
+                asyncio.get_running_loop().stop()
+
+        loop.submit(close_then_stop())
+
     async def _close(self) -> None:
         try:
             await self._end_plan()
@@ -150,6 +175,16 @@ class StagingLink:
             session, self.session = self.session, None
             if session is not None:
                 await session.close()
+
+
+#: Every link not yet collected: those still open at interpreter exit are closed there, waiting for it.
+_OPEN: "weakref.WeakSet[StagingLink]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_links() -> None:
+    for link in list(_OPEN):
+        link.close()
 
 
 def load_manifest_sync(source: SourceConfig, fetch: FetchConfig) -> Manifest:
