@@ -67,6 +67,22 @@ def assert_decompressed_once_then_mapped(data: Path, cache: Path, seq_len: int, 
     assert [p.stat().st_mtime_ns for p in made] == stamps
 
 
+def assert_a_changed_decompressed_form_is_made_again(data: Path, cache: Path, seq_len: int, manifest,
+                                                    native: list[np.ndarray], shard: str) -> None:
+    """One flipped token byte in ``shard``'s decompressed form on the cache disk (past its header): a new
+    iterator's check drops it and makes it again, and no epoch serves the bad byte."""
+    assert_every_sample_once(epoch(data, cache, seq_len), native)
+    digest = manifest.raw_digest(manifest.index_of(shard))
+    victim = cache / "blobs" / digest[:2] / digest
+    good = victim.read_bytes()
+    victim.chmod(0o644)
+    with open(victim, "r+b") as fh:
+        fh.seek(len(good) - 3)
+        fh.write(bytes([good[-3] ^ 0x01]))
+    assert_every_sample_once(epoch(data, cache, seq_len, epoch_number=1), native)  # a new iterator's checks
+    assert victim.read_bytes() == good
+
+
 def as_multiset(samples: Iterable[np.ndarray]) -> Counter:
     """Samples as a multiset of (dtype, bytes): equal means the same samples, bit for bit, as often."""
     return Counter((np.asarray(s).dtype.name, np.asarray(s).tobytes()) for s in samples)
