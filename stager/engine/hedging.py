@@ -19,6 +19,8 @@ from typing import Awaitable, Callable, TypeVar
 T = TypeVar("T")
 
 MiB = 1 << 20
+#: An urgent request's hedge delay, per MiB, while there are too few samples for a percentile.
+COLD_URGENT_SECONDS_PER_MIB = 0.5
 
 
 class LatencyTracker:
@@ -42,11 +44,17 @@ class LatencyTracker:
             return None
         return self._sorted[min(len(self._sorted) - 1, int(len(self._sorted) * 0.95))]
 
-    def hedge_delay(self, nbytes: int, factor: float, min_delay: float) -> float | None:
-        """Seconds after which a request of ``nbytes`` counts as a straggler; None: do not hedge yet."""
+    def hedge_delay(self, nbytes: int, factor: float, min_delay: float, *, urgent: bool = False) -> float | None:
+        """Seconds after which a request of ``nbytes`` counts as a straggler; None: do not hedge yet.
+
+        Before enough samples exist, only an ``urgent`` request (a consumer blocked on it) is hedged,
+        after :data:`COLD_URGENT_SECONDS_PER_MIB` a MiB: a cold start served block by block as it
+        arrives has its consumer waiting on its very first requests, where one latency spike or
+        retried error would otherwise stall it for all of its length.
+        """
         p95 = self.p95()
         if p95 is None:
-            return None
+            return max(min_delay, COLD_URGENT_SECONDS_PER_MIB * max(nbytes / MiB, 1 / 64)) if urgent else None
         return max(min_delay, p95 * max(nbytes / MiB, 1 / 64) * factor)
 
 

@@ -29,6 +29,7 @@ from ..errors import BlobSourceError, CorruptData
 from ..hashing import block_digest, block_range
 from ..store import RangeSink
 from .hedging import hedged
+from .plan import URGENT
 from .source import ORIGIN, reset_request_priority, set_request_priority
 from .span_writer import SpanWriter, write_held
 
@@ -120,8 +121,8 @@ class SpanFetch:
         # makes for this node, and two nodes whose slots all waited on each other would both stall
         # (requests to peers are bounded by their own client's connections instead).
         async with ctx.gate.slot(self._span.priority, owner=self._span, nbytes=end - start):
-            delay = ctx.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay) \
-                if config.hedge else None
+            delay = ctx.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay,
+                                            urgent=self._span.priority <= URGENT) if config.hedge else None
             began = time.monotonic()
             data, hedge_won = await hedged(stream, delay, self._count_hedge, make_hedge=in_memory)
             ctx.latency.record(time.monotonic() - began, end - start)

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from stager.engine import LatencyTracker, hedged
+from stager.engine.hedging import COLD_URGENT_SECONDS_PER_MIB
 
 
 def test_no_hedging_before_enough_samples_then_p95_times_factor():
@@ -14,6 +15,9 @@ def test_no_hedging_before_enough_samples_then_p95_times_factor():
     for _ in range(9):
         tracker.record(0.01, 1 << 20)
     assert tracker.hedge_delay(1 << 20, 2.0, 0.0) is None
+    # ...but a request a consumer is blocked on is raced after a fixed time per MiB meanwhile
+    assert tracker.hedge_delay(1 << 20, 2.0, 0.0, urgent=True) == pytest.approx(COLD_URGENT_SECONDS_PER_MIB)
+    assert tracker.hedge_delay(4 << 20, 2.0, 0.0, urgent=True) == pytest.approx(4 * COLD_URGENT_SECONDS_PER_MIB)
     for i in range(91):
         tracker.record(0.01 if i < 85 else 1.0, 1 << 20)
     delay = tracker.hedge_delay(1 << 20, 2.0, 0.0)

@@ -162,6 +162,28 @@ async def test_a_straggling_request_is_hedged(http_origin, fault_proxy, tmp_path
             assert elapsed < 3.0 * 2  # without hedging, serial 3 s spikes would pile up
 
 
+async def test_a_cold_engines_urgent_block_read_is_hedged_before_any_latency_is_known(http_origin, fault_proxy,
+                                                                                        tmp_path):
+    """A consumer blocked on a cold start's first blocks (the iterator's first window, served block by block)
+    must not wait out a straggler only because too few requests have finished to measure a percentile."""
+    make_corpus(http_origin.root / "corpus", shards=2, tokens=70_000)
+    proxy = fault_proxy(http_origin)
+    config = fetch_config(concurrency=4, hedge_min_delay=0.05, request_bytes=BLOCK)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, config) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            proxy.update(spike_p=1.0, spike_s=20.0)  # the first block request straggles
+            read = asyncio.ensure_future(engine.read_block(dataset.ref(0), 0))
+            for _ in range(500):  # until the proxy holds it back (bounded: 10 s)
+                if proxy.faults.get("spike", 0):
+                    break
+                await asyncio.sleep(0.02)
+            proxy.update(spike_p=0.0)  # what comes next is answered at once
+            data = await asyncio.wait_for(read, 15)  # well before the 20 s straggler could answer
+            assert data == (http_origin.root / "corpus" / dataset.ref(0).path).read_bytes()[:len(data)]
+            assert engine.stats.hedged_requests == 1 and engine.stats.hedges_won == 1
+
+
 async def test_many_waiters_share_one_fetch(http_origin, fault_proxy, tmp_path):
     manifest = make_corpus(http_origin.root / "corpus", shards=1)
     proxy = fault_proxy(http_origin)
