@@ -80,10 +80,7 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
         row = _first(tok < 0)
         if row is not None:
             raise bad(row, f"token count {int(tok[row])} is negative")
-        filled = call_function("coalesce", [dtypes, pa.scalar("uint8", dtypes.type)]).combine_chunks()
-        coded = call_function("dictionary_encode", [filled])
-        sizes_of = np.array([np.dtype(d).itemsize if d in KNOWN_DTYPES else 1 for d in coded.dictionary.to_pylist()])
-        itemsize = sizes_of[coded.indices.to_numpy(zero_copy_only=False)]
+        itemsize = np.maximum(_itemsizes(dtypes), 1)  # an unknown dtype is refused below; count it 1 byte
         if "raw_size" in table.schema.names:  # a compressed shard's tokens are in its decompressed form
             sizes = np.maximum(sizes, table.column("raw_size").fill_null(-1).to_numpy())
         row = _first(tok * itemsize > sizes * 8 + 64)  # tokens cannot outnumber the bytes (parquet compresses, so slack)
@@ -103,6 +100,14 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
         row = _first(call_function("and", [unknown, call_function("is_valid", [dtypes])]))
         if row is not None:
             raise bad(row, f"unknown dtype {dtypes[row].as_py()!r}")
+
+
+def _itemsizes(dtypes: pa.ChunkedArray) -> np.ndarray:
+    """Each row's token size in bytes, 0 where its dtype is null or unknown (one look-up per distinct dtype)."""
+    coded = call_function("dictionary_encode", [dtypes.fill_null("").combine_chunks()])
+    sizes_of = np.array([np.dtype(d).itemsize if d in KNOWN_DTYPES else 0 for d in coded.dictionary.to_pylist()],
+                        dtype=np.int64)
+    return sizes_of[coded.indices.to_numpy(zero_copy_only=False)]
 
 
 def _check_codecs(table: pa.Table, bad) -> None:
@@ -129,12 +134,12 @@ def _check_codecs(table: pa.Table, bad) -> None:
     decoded = decoded.fill_null(False).to_numpy(zero_copy_only=False)
     if decoded.any():  # a decoded form holds its tokens in the column's dtype or a narrower form
         tokens = table.column("tokens").fill_null(-1).to_numpy()
-        dtypes = table.column("dtype").fill_null("").to_pylist()
-        width = np.array([np.dtype(d).itemsize if d in KNOWN_DTYPES else 0 for d in dtypes], dtype=np.int64)
+        dtypes = table.column("dtype")
+        width = _itemsizes(dtypes)
         fits = raw == tokens * width
         for form in NARROW_FORMS:
             fits |= (width > form.itemsize) & (raw == tokens * form.itemsize)
         row = _first(decoded & ((width == 0) | (tokens < 0) | ~fits))
         if row is not None:
             raise bad(row, f"raw_size {int(raw[row])} is not {int(tokens[row])} tokens of its dtype "
-                           f"{dtypes[row] or None} (nor of a narrower form of it)")
+                           f"{dtypes[row].as_py()} (nor of a narrower form of it)")
