@@ -74,20 +74,26 @@ def test_an_owner_killed_mid_transfer_costs_the_origin_only_what_no_live_node_ho
     # A survivor cut off mid-span by the owner's death asks the blob's new parent or owner for the rest,
     # not the origin: the survivors together read each block from the origin at most once (before, each
     # read the rest of every span it had in flight from the dead owner itself: 1.17x to 1.54x in all).
+    # What the owner itself had read and not yet passed on is lost with it: that depends on how far ahead
+    # of the others it was when it died (0 to 0.3 of the dataset here), so it is bounded by what the
+    # origin had served when the owner died, not by a fixed share.
     nodes = [cluster.add(h) for h in HOSTS]
     cluster.start(*nodes)
     total = cluster.corpus.manifest.total_bytes
     cluster.proxy.update(connection_bps=1_000_000)  # every node is mid-span from the owner when it dies
     victim, survivors = nodes[0], nodes[1:]
     before = origin_bytes(cluster)
+    at_death = 0
 
     async def run() -> None:
         async def kill_when_a_third_has_moved() -> None:
+            nonlocal at_death
             for _ in range(600):  # at most 30 s
                 if origin_bytes(cluster) - before > total / 3:
                     break
                 await asyncio.sleep(0.05)
             victim.daemon.kill()  # SIGKILL
+            at_death = origin_bytes(cluster) - before
 
         await asyncio.gather(cluster.stage_all(nodes, 90.0, may_fail=[victim]), kill_when_a_third_has_moved())
 
@@ -100,8 +106,9 @@ def test_an_owner_killed_mid_transfer_costs_the_origin_only_what_no_live_node_ho
     by_survivors = sum(s["engine"]["bytes_from_origin"] for s in statuses)
     detail = "\n".join(str(s["cluster"]) for s in statuses)
     assert by_survivors <= total, (by_survivors, total, detail)
-    # At the proxy: one dataset, plus what the dead owner had read and no survivor had received yet.
-    assert read <= 1.15 * total, (read, total, detail)
+    # At the proxy: what the survivors counted, plus at most what the dead owner can have read before it
+    # died; a byte read after it and not counted (a retry, a hedge's loser, a refetch) would show here.
+    assert read <= by_survivors + at_death, (read, by_survivors, at_death, total, detail)
 
 
 def test_a_peer_that_flips_bytes_is_detected_and_bypassed(cluster, fault_proxy):
