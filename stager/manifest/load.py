@@ -1,7 +1,7 @@
 """Loading a manifest from a store: verified like a shard, inside the store's retry loop.
 
-How it works: the size comes from ``info``, the bytes from one
-``read_range(..., check=...)``. The check verifies the seal (:mod:`.seal`),
+How it works: the bytes come from one ``read(..., check=...)`` of the
+whole object. The check verifies the seal (:mod:`.seal`),
 then parses; a body that fails the digest, is cut short, or (for a legacy
 manifest, which has no digest) does not parse or validate, raises
 :class:`~stager.errors.CorruptData`, so the store's
@@ -26,8 +26,6 @@ from .seal import check_seal
 
 #: Manifests larger than this are hashed and parsed on a worker thread, off the event loop.
 THREAD_BYTES = 4 << 20
-#: How many times a manifest that changed size between ``info`` and the read is looked up again.
-SIZE_ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,51 +53,39 @@ async def load_manifest(store) -> Manifest:  # store: stager.store.Store
 async def load_manifest_data(store, *, missing_ok: bool = False) -> LoadedManifest | None:
     """As :func:`load_manifest`, with the manifest's bytes; None if there is none and ``missing_ok``.
 
+    One GET of the whole object (no size look-up first): the first request a staging run makes, so
+    an origin 50 ms away costs it 50 ms, not 100; and the body is of one version of the manifest even
+    if it is being rewritten.
+
     Raises:
         ManifestError, OriginError: as :func:`load_manifest`.
     """
-    # Imported here: decoding a manifest (the shard writer, replication's cached index) needs no store.
-    from ..store.base import InvalidRange
-
     name = f"{store.url.rstrip('/')}/{MANIFEST_PATH}"
-    for _ in range(SIZE_ROUNDS):
-        try:
-            size = (await store.info(MANIFEST_PATH)).size
-            reading = _Reading(name)
-            try:
-                data = await store.read_range(MANIFEST_PATH, 0, size, check=reading.check)
-            except CorruptData as exc:
-                if await _size_changed(store, size):
-                    continue  # rewritten meanwhile: read the new one
-                raise ManifestError(reading.failure()) from exc
-            except OriginUnavailable as exc:
-                if not reading.problem:
-                    raise
-                # The budget ran out on a timeout or a reset after bodies that failed the check:
-                # the manifest is what the user must hear of.
-                raise ManifestError(reading.failure(exc)) from exc
-            except InvalidRange:  # shorter than ``info`` said: rewritten meanwhile?
-                if await _size_changed(store, size):
-                    continue
-                raise
-        except ShardNotFound as exc:
-            if missing_ok:
-                return None
-            raise ManifestError(f"{name}: no manifest (run `stager index {store.url}` first)") from exc
-        except OriginError as exc:  # a refusal or an origin that is down: say which URL, and where it was asked
-            from ..store.translate import relocated
-
-            raise relocated(exc, MANIFEST_PATH, name, store.endpoint) from exc
-        assert reading.result is not None
-        return LoadedManifest(reading.result, data, reading.sealed)
-    raise ManifestError(f"{name}: the manifest changed size on each of {SIZE_ROUNDS} reads (being rewritten?)")
-
-
-async def _size_changed(store, size: int) -> bool:
+    reading = _Reading(name)
     try:
-        return (await store.info(MANIFEST_PATH)).size != size
-    except ShardNotFound:
-        raise  # deleted meanwhile: the caller says there is no manifest
+        data = await store.read(MANIFEST_PATH, check=reading.check)
+    except CorruptData as exc:
+        raise ManifestError(reading.failure()) from exc
+    except OriginUnavailable as exc:
+        if not reading.problem:
+            raise _relocated(exc, store, name) from exc
+        # The budget ran out on a timeout or a reset after bodies that failed the check:
+        # the manifest is what the user must hear of.
+        raise ManifestError(reading.failure(exc)) from exc
+    except ShardNotFound as exc:
+        if missing_ok:
+            return None
+        raise ManifestError(f"{name}: no manifest (run `stager index {store.url}` first)") from exc
+    except OriginError as exc:  # a refusal or an origin that is down: say which URL, and where it was asked
+        raise _relocated(exc, store, name) from exc
+    assert reading.result is not None
+    return LoadedManifest(reading.result, data, reading.sealed)
+
+
+def _relocated(exc: OriginError, store, name: str) -> OriginError:
+    from ..store.translate import relocated
+
+    return relocated(exc, MANIFEST_PATH, name, store.endpoint)
 
 
 class _Reading:

@@ -198,14 +198,15 @@ class Store(abc.ABC):
 
         return await self.retry.run(attempt, what=what)
 
-    async def _read_counted(self, what: str, read: Callable[[], Awaitable[bytes]]) -> bytes:
-        """``read()`` under the retry policy, its errors translated and its bytes counted."""
+    async def _read_counted(self, what: str, read: Callable[[], Awaitable[bytes]], check: Check | None = None) -> bytes:
+        """``read()`` under the retry policy, its errors translated, its bytes counted and ``check``-ed."""
         from .translate import translated  # translate.py names this module's errors: imported late
 
         async def attempt() -> bytes:
             with translated(what):
                 data = await read()
             self.stats.bytes_read += len(data)
+            await run_check(check, data)
             return data
 
         return await self.retry.run(attempt, what=what)
@@ -284,8 +285,15 @@ class Store(abc.ABC):
         await self.read_range(path, start, end, check=deliver)
 
     @abc.abstractmethod
-    async def read(self, path: str) -> bytes:
-        """The whole object (for small things such as manifests). Raises like :meth:`read_range`."""
+    async def read(self, path: str, *, check: Check | None = None) -> bytes:
+        """The whole object in one request (for small things such as manifests).
+
+        ``check`` as in :meth:`read_range`: a body it refuses is read again within the retry budget.
+        One request, not a size look-up and a ranged read: the bytes are of one version of the object
+        even if it is rewritten meanwhile, and an origin far away is asked once, not twice.
+
+        Raises like :meth:`read_range`.
+        """
 
     @abc.abstractmethod
     async def write(self, path: str, data: bytes) -> None:

@@ -178,9 +178,9 @@ class FsspecStore(Store):
             raise InvalidRange(f"{what}: past the end of the object ({size} bytes)")
         raise TransientOriginError(f"{what}: got {got} bytes, expected {expected}")
 
-    async def read(self, path: str) -> bytes:
+    async def read(self, path: str, *, check: Check | None = None) -> bytes:
         full = self._full(path)
-        return await self._read_counted(path, lambda: self._call("cat_file", full))
+        return await self._read_counted(path, lambda: self._call("cat_file", full), check)
 
     async def write(self, path: str, data: bytes) -> None:
         full = self._full(path)

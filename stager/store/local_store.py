@@ -111,9 +111,9 @@ class LocalStore(Store):
 
         return await self.retry.run(attempt, what=what)
 
-    async def read(self, path: str) -> bytes:
+    async def read(self, path: str, *, check: Check | None = None) -> bytes:
         full = self._full(path)
-        return await self._read_counted(path, lambda: self._io(_read_all, full, path))
+        return await self._read_counted(path, lambda: self._io(_read_all, full, path), check)
 
     async def write(self, path: str, data: bytes) -> None:
         full = self._full(path)

@@ -18,7 +18,7 @@ import abc
 from typing import Callable, Mapping
 
 from .bandwidth import BandwidthLimiter
-from .base import Check, RangeSink, Store, validate_path, validate_range
+from .base import Check, RangeSink, Store, run_check, validate_path, validate_range
 from .http_client import fetch_all, fetch_range, new_session, stream_range
 from .range_body import range_header
 from .retry import RetryPolicy
@@ -76,12 +76,14 @@ class SignedHttpStore(Store):
 
         await self.retry.run(attempt, what=what)
 
-    async def read(self, path: str) -> bytes:
+    async def read(self, path: str, *, check: Check | None = None) -> bytes:
         validate_path(path)
 
         async def attempt() -> bytes:
             url, headers = await self._sign("GET", path, {})
-            return await fetch_all(self.session, url, headers, path, self.stats, allow_redirects=self.follow_redirects)
+            data = await fetch_all(self.session, url, headers, path, self.stats, allow_redirects=self.follow_redirects)
+            await run_check(check, data)
+            return data
 
         return await self.retry.run(attempt, what=path)
 
