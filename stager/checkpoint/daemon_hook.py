@@ -44,7 +44,7 @@ def ask_daemon_to_drain(root: Path, socket_path: str | os.PathLike[str] | None =
     """
     if os.environ.get("STAGER_CHECKPOINT_DRAIN") == "process":
         return False
-    from ..daemon_client.socket_path import default_socket_path
+    from ..socket_path import default_socket_path
 
     path = Path(socket_path) if socket_path else default_socket_path()
     body = json.dumps({"staging": str(root)}).encode()

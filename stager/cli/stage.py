@@ -5,25 +5,27 @@ the cache, the daemon does the fetching (one engine per node, and the
 progress bar moves as shards land); otherwise an engine runs in this process.
 Either way it registers one plan over the requested shards with a window
 covering them all, and waits until each one is ready.
+
+This module loads only what parsing the command line and sending the first
+request need: the manifest's GET goes out (:mod:`.head_start`) while the
+engine's modules (:mod:`.staging`, numpy and pyarrow with it) load on a
+thread, when this process runs the engine itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
-import time
+from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 
-from ..cache import BlobState, CacheTier
-from ..config import CacheConfig
-from ..errors import BlobTooLarge, CacheFull, DiskFull, StagerError
+from ..config import CacheConfig, FetchConfig, SourceConfig
+from ..errors import StagerError
 from ..event_loop import run_async
-from ..hashing import block_range
-from ..progress import byte_progress
-from ..session import EmbeddedSession, RemoteSession, Session, open_session
+from ..socket_path import default_socket_path
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
 from .options import POSITIVE_SIZE, Capacity, source_config, storage_option_flag
@@ -53,8 +55,7 @@ def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str |
     """
     fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline)
     cache = cache_config(cache_dir, capacity, direct_writes)
-    session = open_session(cache, fetch, socket=socket_path, mode="embedded" if no_daemon else "auto")
-    summary = run_async(_stage(source_config(source, storage_option), session, cache, limit, fetch.concurrency))
+    summary = run_async(_run(source_config(source, storage_option), cache, fetch, limit, socket_path, no_daemon))
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
     else:
@@ -72,152 +73,29 @@ def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str |
                           f"(first: {summary['first_error']})")
 
 
-async def _stage(source, session: Session, cache_cfg: CacheConfig, limit: int | None, concurrency: int) -> dict:
-    began = time.monotonic()
-    async with session:
-        cache, owned = _cache_of(session, cache_cfg)
-        try:
-            dataset = await session.open_dataset(source)
-            capacity = await _capacity(session, cache)
-            m = dataset.manifest
-            sizes = m.sizes
-            count = len(m)
-            if limit is not None:
-                count = int((sizes.cumsum() <= limit).sum()) if count else 0
-            total = int(sizes[:count].sum())
-            if count and int(sizes[:count].max()) > capacity:
-                big = int(sizes[:count].argmax())
-                raise BlobTooLarge(f"{m.paths[big]}: {int(sizes[big]):,} bytes is larger than the cache capacity "
-                                   f"{capacity:,}")
-            if total > capacity:
-                if capacity < cache.configured_capacity:  # the disk, not the capacity, is short
-                    raise DiskFull(f"{dataset.url}: {total:,} bytes do not fit: the disk holding the cache at "
-                                   f"{cache.directory} has room for {capacity:,} (capacity "
-                                   f"{cache.configured_capacity:,}); stage a part with --limit or free space")
-                raise CacheFull(f"{dataset.url}: {total:,} bytes do not fit in the cache capacity {capacity:,}; "
-                                "stage a part with --limit or raise --capacity")
-            cached_of = [_cached_bytes(cache, m, i) for i in range(count)]
-        finally:
-            if owned:
-                cache.close()
-        cached = sum(cached_of)
-        before = await _counters(session)
-        failures: list[BaseException] = []
-        with byte_progress("staging") as progress:
-            progress.set_total(count, total)
-            progress.advance(cached)
-            by_blocks = isinstance(session, EmbeddedSession)
-            if by_blocks:
-                session.engine.add_block_listener(lambda ref, n: progress.advance(n))
-            plan = await session.plan(dataset, np.arange(count, dtype=np.int64), window_bytes=max(total, 1),
-                                      name="stage")
-            jobs = asyncio.Semaphore(max(4, concurrency * 2))
-            arrived = 0  # bytes of the requested shards that were not in the cache when we started
-
-            async def one(i: int) -> None:
-                nonlocal arrived
-                try:
-                    await plan.ready(i)
-                    arrived += int(sizes[i]) - cached_of[i]
-                    if not by_blocks:
-                        progress.advance(int(sizes[i]) - cached_of[i])
-                except StagerError as exc:
-                    failures.append(exc)
-                    progress.describe(f"{count} files, {len(failures)} failed")
-                finally:
-                    jobs.release()
-
-            async def describe_retries() -> None:
-                while True:
-                    await asyncio.sleep(1.0)
-                    counters = await _counters(session)
-                    now = _delta(before, counters)
-                    progress.describe(f"{count} files, {counters['in_flight']} requests in flight "
-                                      f"(limit {counters['concurrency']}), {now['retries']} retries"
-                                      + (f", {len(failures)} failed" if failures else ""))
-
-            ticker = asyncio.create_task(describe_retries())
-            try:
-                async with asyncio.TaskGroup() as tg:
-                    for i in range(count):  # a bounded number of tasks alive, even for a million shards
-                        await jobs.acquire()
-                        tg.create_task(one(i))
-            finally:
-                ticker.cancel()
-                await plan.close()
-        seconds = time.monotonic() - began
-        after = await _counters(session)
-        done = _delta(before, after)
-        if done["mode"] == "daemon":
-            # The daemon's byte counter covers every consumer of the node: count what this run brought in.
-            # (Its retry, hedge and corrupt-block counts over the run are node-wide too.)
-            done["fetched"] = arrived
-        return {
-            "source": dataset.url,
-            "blobs": count,
-            "bytes": total,
-            "fetched_bytes": done["fetched"],
-            "cached_bytes": cached,
-            "retries": done["retries"],
-            "hedged": done["hedged"],
-            "verify_failures": done["verify_failures"],
-            "concurrency_peak": after["concurrency_peak"],  # the adaptive limit's highest (node-wide with a daemon)
-            "failed": len(failures),
-            "first_error": str(failures[0]) if failures else None,
-            "seconds": round(seconds, 3),
-            "mb_per_s": done["fetched"] / 1e6 / seconds if seconds > 0 else 0.0,
-        }
+async def _run(source: SourceConfig, cache: CacheConfig, fetch: FetchConfig, limit: int | None,
+               socket_path: str | None, no_daemon: bool) -> dict[str, Any]:
+    # With no daemon's socket in sight this process runs the engine, and needs the manifest first:
+    # ask for it now, and load the engine's modules while the origin answers.
+    socket = Path(socket_path).expanduser() if socket_path else default_socket_path()
+    head_start = _head_start(source, fetch) if no_daemon or not socket.exists() else None
+    try:
+        staging = await asyncio.to_thread(importlib.import_module, f"{__package__}.staging")
+        session = staging.open_session(cache, fetch, socket=socket_path, mode="embedded" if no_daemon else "auto")
+        manifest = None
+        if head_start is not None:
+            manifest = await head_start.manifest() if isinstance(session, staging.EmbeddedSession) else None
+    finally:
+        if head_start is not None:
+            await head_start.close()
+    return await staging.stage(source, session, cache, limit, fetch.concurrency, manifest=manifest)
 
 
-def _cache_of(session: Session, config: CacheConfig) -> tuple[CacheTier, bool]:
-    """The cache to read records from: the session's own, or (the daemon's) opened read-only here."""
-    if isinstance(session, EmbeddedSession):
-        return session.engine.cache, False
-    return CacheTier(config, reconcile=False), True
+def _head_start(source: SourceConfig, fetch: FetchConfig):
+    """The manifest's GET, sent now; None where it cannot be (a bad URL: the usual path says why)."""
+    from .head_start import HeadStart
 
-
-async def _capacity(session: Session, cache: CacheTier) -> int:
-    if isinstance(session, RemoteSession) and session.mode == "daemon":
-        try:
-            return int((await session.daemon_status())["cache"]["capacity"])
-        except StagerError:
-            pass  # gone already: the fallback engine uses our own capacity
-    return cache.capacity
-
-
-def _cached_bytes(cache: CacheTier, m, i: int) -> int:
-    record = cache.record(m.digest(i))
-    if record is None:
-        return 0
-    size = int(m.sizes[i])
-    if record.state is BlobState.COMPLETE:
-        return size
-    return sum(block_range(b, size, m.block_size)[1] - block_range(b, size, m.block_size)[0] for b in record.verified)
-
-
-async def _counters(session: Session) -> dict[str, Any]:
-    """What the engine doing the work counted so far (the daemon's counters cover all its consumers)."""
-    if isinstance(session, RemoteSession) and session.mode == "daemon":
-        try:
-            status = await session.daemon_status()
-            e, o = status["engine"], status["origin"]
-            return {"mode": "daemon", "fetched": int(e["bytes_fetched"]), "retries": int(o["retries"]),
-                    "hedged": int(e["hedged_requests"]), "verify_failures": int(e["verify_failures"]),
-                    "in_flight": int(e.get("requests_in_flight", 0)), "concurrency": int(e.get("concurrency", 0)),
-                    "concurrency_peak": int(e.get("concurrency_peak", 0))}
-        except StagerError:
-            pass
-    stats = session.stats()
-    return {"mode": "embedded", "fetched": int(stats.get("bytes_fetched", 0)),
-            "retries": int(stats.get("origin_retries", 0)), "hedged": int(stats.get("hedged_requests", 0)),
-            "verify_failures": int(stats.get("verify_failures", 0)),
-            "in_flight": int(stats.get("requests_in_flight", 0)), "concurrency": int(stats.get("concurrency", 0)),
-            "concurrency_peak": int(stats.get("concurrency_peak", 0))}
-
-
-def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    keys = ("fetched", "retries", "hedged", "verify_failures")
-    if before["mode"] != after["mode"]:  # the daemon went away mid-run: count what the fallback engine did
-        return {"mode": "embedded", **{k: after[k] for k in keys}}
-    return {"mode": after["mode"], **{k: after[k] - before[k] for k in keys}}
-
+    try:
+        return HeadStart(source, fetch)
+    except StagerError:
+        return None

@@ -6,7 +6,7 @@ the daemon has: its Unix socket and who may use it, the optional TCP
 listener for Prometheus, the bound on a graceful stop, and consumer leases.
 
 The default socket path is found the same way by the daemon and by its
-consumers (``stager.daemon_client.socket_path``).
+consumers (``stager.socket_path``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..daemon_client.socket_path import MAX_SOCKET_PATH, default_socket_path
+from ..socket_path import MAX_SOCKET_PATH, default_socket_path
 from ..config import parse_address
 from ..errors import ConfigError
 

@@ -14,6 +14,6 @@ from __future__ import annotations
 
 from .client import DaemonClient, probe, same_cache
 from .protocol import manifest_fingerprint
-from .socket_path import default_socket_path
+from ..socket_path import default_socket_path
 
 __all__ = ["DaemonClient", "default_socket_path", "manifest_fingerprint", "probe", "same_cache"]

@@ -82,6 +82,20 @@ async def load_manifest_data(store, *, missing_ok: bool = False) -> LoadedManife
     return LoadedManifest(reading.result, data, reading.sealed)
 
 
+async def manifest_from_bytes(store_url: str, data: bytes) -> Manifest:
+    """The manifest in ``data``, read whole from the store at ``store_url``, verified and parsed as a load
+    verifies and parses each body it reads (:func:`load_manifest` and :class:`stager.cli.head_start.HeadStart`).
+
+    Raises:
+        CorruptData: a body a new read may fix (a digest mismatch, cut short).
+        ManifestError: a sealed manifest whose entries are invalid.
+    """
+    reading = _Reading(f"{store_url.rstrip('/')}/{MANIFEST_PATH}")
+    await reading.check(data)
+    assert reading.result is not None
+    return reading.result
+
+
 def _relocated(exc: OriginError, store, name: str) -> OriginError:
     from ..store.translate import relocated
 

@@ -146,3 +146,34 @@ def test_staged_shards_bypass_the_page_cache_unless_buffered_writes_are_asked(ht
         pytest.skip("the kernel dropped the buffered copy's pages at once: nothing to compare with")
     # whole pages went straight to the disk; at most each shard's last, partial page was buffered
     assert resident["--direct-writes"][0] <= len(manifest) and in_cache > pages // 2
+
+
+def test_the_manifest_is_the_first_request_one_get_and_read_once(http_origin, tmp_path):
+    # The manifest's GET goes out while the engine's modules load (cli/head_start.py); its bytes are
+    # then used, not read a second time.
+    manifest = make_corpus(http_origin.root / "corpus", shards=4)
+    run(stage_args(f"{http_origin.url}/corpus", tmp_path / "cache"), check=True)
+    asked = http_origin.requests
+    of_manifest = [r for r in asked if MANIFEST_PATH in r.path]
+    assert [(r.method, r.range, r.status) for r in of_manifest] == [("GET", None, 200)], of_manifest
+    assert asked[0] is of_manifest[0]
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=200 << 20)) as cache:
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+
+
+def test_a_corrupted_first_read_of_the_manifest_is_refused_and_read_again(http_origin, fault_proxy, tmp_path):
+    # The early GET's bytes are verified as every manifest read is: a flipped byte there is never
+    # believed; the usual load reads it again under the retry budget.
+    manifest = make_corpus(http_origin.root / "corpus", shards=4)
+    proxy = fault_proxy(http_origin, FaultPlan(flip_p=1.0, path_contains=MANIFEST_PATH, max_faults=1))
+    run(stage_args(f"{proxy.url}/corpus", tmp_path / "cache"), check=True)
+    assert proxy.faults.get("flip", 0) == 1
+    assert [r.method for r in http_origin.requests if MANIFEST_PATH in r.path] == ["GET", "GET"]
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=200 << 20)) as cache:
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+
+
+def test_the_early_manifest_read_names_the_path_the_manifest_package_does():
+    from stager.cli.head_start import MANIFEST_PATH as EARLY
+
+    assert EARLY == MANIFEST_PATH
