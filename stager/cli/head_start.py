@@ -38,6 +38,7 @@ class HeadStart:
         retry = dataclasses.replace(fetch.retry, attempts=1)
         self._store = open_store(source, StoreOptions(retry=retry))
         self._read = asyncio.ensure_future(self._store.read(MANIFEST_PATH))
+        self._closed = False
 
     async def manifest(self) -> "Manifest | None":
         """The manifest, verified and parsed; None if the GET failed or its bytes did not check out."""
@@ -54,6 +55,9 @@ class HeadStart:
 
     async def close(self) -> None:
         """Stop the GET if it still runs, and close the store; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
         if not self._read.done():
             self._read.cancel()
         await asyncio.gather(self._read, return_exceptions=True)

@@ -18,7 +18,7 @@ import asyncio
 import importlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -29,6 +29,9 @@ from ..socket_path import default_socket_path
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
 from .options import POSITIVE_SIZE, Capacity, source_config, storage_option_flag
+
+if TYPE_CHECKING:
+    from .head_start import HeadStart
 
 
 @cli.command("stage")
@@ -91,7 +94,7 @@ async def _run(source: SourceConfig, cache: CacheConfig, fetch: FetchConfig, lim
     return await staging.stage(source, session, cache, limit, fetch.concurrency, manifest=manifest)
 
 
-def _head_start(source: SourceConfig, fetch: FetchConfig):
+def _head_start(source: SourceConfig, fetch: FetchConfig) -> "HeadStart | None":
     """The manifest's GET, sent now; None where it cannot be (a bad URL: the usual path says why)."""
     from .head_start import HeadStart
 
