@@ -9,6 +9,10 @@ and :meth:`HeadStart.manifest` then verifies and parses the bytes exactly as
 :func:`stager.manifest.load_manifest` would. The GET is one attempt: if it
 fails, or its bytes do not check out, the answer is None and the caller loads
 the manifest the usual way, under the retry budget and with its usual errors.
+That attempt is bounded by :data:`EARLY_TIMEOUT` (or the request timeout, if
+shorter), so an origin that hangs on it delays the usual load by that much at
+most, and a manifest that takes longer to download is read again by the usual
+load (tens of megabytes on a slow link: a dataset of more than a million shards).
 """
 
 from __future__ import annotations
@@ -29,13 +33,16 @@ log = logging.getLogger(__name__)
 #: The manifest's path beside the data (``stager.manifest.MANIFEST_PATH``, checked equal by the tests;
 #: importing it from there would load the manifest's parser, which is what this module runs ahead of).
 MANIFEST_PATH = ".stager/manifest.parquet"
+#: The longest the early GET may take, in seconds.
+EARLY_TIMEOUT = 10.0
 
 
 class HeadStart:
     """One GET of the manifest of ``source``, started at once (call inside the running loop)."""
 
     def __init__(self, source: SourceConfig, fetch: FetchConfig) -> None:
-        retry = dataclasses.replace(fetch.retry, attempts=1)
+        retry = dataclasses.replace(fetch.retry, attempts=1,
+                                    request_timeout=min(fetch.retry.request_timeout, EARLY_TIMEOUT))
         self._store = open_store(source, StoreOptions(retry=retry))
         self._read = asyncio.ensure_future(self._store.read(MANIFEST_PATH))
         self._closed = False

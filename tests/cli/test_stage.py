@@ -177,3 +177,18 @@ def test_the_early_manifest_read_names_the_path_the_manifest_package_does():
     from stager.cli.head_start import MANIFEST_PATH as EARLY
 
     assert EARLY == MANIFEST_PATH
+
+
+def test_a_stalled_first_read_of_the_manifest_is_given_up_within_the_retry_deadline(http_origin, fault_proxy,
+                                                                                     tmp_path):
+    # The early GET is one attempt bounded like any other: a stall there costs at most the deadline, and
+    # the usual load then reads the manifest.
+    manifest = make_corpus(http_origin.root / "corpus", shards=2)
+    proxy = fault_proxy(http_origin, FaultPlan(spike_p=1.0, spike_s=60.0, path_contains=MANIFEST_PATH, max_faults=1))
+    began = time.monotonic()
+    run(stage_args(f"{proxy.url}/corpus", tmp_path / "cache", "--retry-deadline", "3"), check=True, timeout=60)
+    assert time.monotonic() - began < 30, "waited out the stalled read"
+    assert proxy.faults.get("spike", 0) == 1
+    assert [r.method for r in http_origin.requests if MANIFEST_PATH in r.path] == ["GET"]  # the stalled one never got through
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=200 << 20)) as cache:
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
