@@ -163,7 +163,13 @@ class CacheTier:
 
     # -- filling ------------------------------------------------------------------------------
 
-    def _reservation(self, size: int) -> int:
+    @property
+    def allocation_unit(self) -> int:
+        """Each blob is charged against the capacity in whole units of this (the disk's fragment, 4 KiB at least)."""
+        return self._unit
+
+    def charge(self, size: int) -> int:
+        """What a blob of ``size`` bytes takes of the capacity: its size in whole allocation units."""
         return -(-size // self._unit) * self._unit
 
     def begin(self, digest: str, size: int, block_size: int, block_digests: Sequence[int], *,
@@ -194,7 +200,7 @@ class CacheTier:
             raise ValueError(f"blob {digest}: {len(block_digests)} block digests for "
                              f"{block_count(size, block_size)} blocks")
         packed = pack_block_digests(block_digests)
-        need = self._reservation(size)
+        need = self.charge(size)
         if need > self._capacity:
             raise BlobTooLarge(f"blob {digest} ({size} bytes) is larger than the whole cache "
                                f"({self._capacity} bytes) at {self.directory}")

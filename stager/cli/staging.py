@@ -37,16 +37,20 @@ async def stage(source: SourceConfig, session: Session, cache_cfg: CacheConfig, 
             if limit is not None:
                 count = int((sizes.cumsum() <= limit).sum()) if count else 0
             total = int(sizes[:count].sum())
-            if count and int(sizes[:count].max()) > capacity:
+            unit = cache.allocation_unit  # the cache charges each blob in whole units: count as it does
+            charged = int((-(-sizes[:count] // unit) * unit).sum())
+            if count and cache.charge(int(sizes[:count].max())) > capacity:
                 big = int(sizes[:count].argmax())
                 raise BlobTooLarge(f"{m.paths[big]}: {int(sizes[big]):,} bytes is larger than the cache capacity "
                                    f"{capacity:,}")
-            if total > capacity:
+            if charged > capacity:
+                what = f"{total:,} bytes" + (f" ({charged:,} in the cache's {unit:,}-byte units)"
+                                             if charged != total else "")
                 if capacity < cache.configured_capacity:  # the disk, not the capacity, is short
-                    raise DiskFull(f"{dataset.url}: {total:,} bytes do not fit: the disk holding the cache at "
+                    raise DiskFull(f"{dataset.url}: {what} do not fit: the disk holding the cache at "
                                    f"{cache.directory} has room for {capacity:,} (capacity "
                                    f"{cache.configured_capacity:,}); stage a part with --limit or free space")
-                raise CacheFull(f"{dataset.url}: {total:,} bytes do not fit in the cache capacity {capacity:,}; "
+                raise CacheFull(f"{dataset.url}: {what} do not fit in the cache capacity {capacity:,}; "
                                 "stage a part with --limit or raise --capacity")
             cached_of = [_cached_bytes(cache, m, i) for i in range(count)]
         finally:

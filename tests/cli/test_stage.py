@@ -13,6 +13,7 @@ from stager.cache import BlobState, CacheTier
 from stager.config import CacheConfig, FetchConfig
 from stager.manifest import MANIFEST_PATH
 from tests.cache.blobs import resident_pages
+from stager.write import generate_corpus
 from tests.engine.corpus import assert_cache_matches, make_corpus
 from stager.loopback.fault_plan import FaultPlan
 
@@ -126,6 +127,25 @@ def test_dataset_larger_than_the_cache_is_refused_up_front(http_origin, tmp_path
                    "--capacity", str(manifest.total_bytes // 2), "--limit", str(manifest.total_bytes // 3), "--json"])
     assert limited.returncode == 0, limited.stderr
     assert 1 <= json.loads(limited.stdout)["blobs"] < 4
+
+
+def test_a_dataset_that_fits_in_bytes_but_not_in_the_caches_allocation_units_is_refused_up_front(http_origin,
+                                                                                                    tmp_path):
+    # The cache charges each blob its size rounded up to the disk's allocation unit (4 KiB at least):
+    # 2 shards of 2,000 bytes take 8,192 bytes of an 8,000-byte cache. The up-front check added the
+    # bare sizes, let the run start, and the second shard waited out the retry deadline for room that
+    # could never come, then failed (120 s with the default deadline).
+    manifest = generate_corpus(http_origin.root / "corpus", shards=2, tokens_per_shard=1000, jitter=0.0, seed=1)
+    assert manifest.total_bytes == 4000
+    began = time.monotonic()
+    result = run(["stage", f"{http_origin.url}/corpus", "--cache", str(tmp_path / "cache"), "--capacity", "8000"],
+                 timeout=60)
+    assert_one_line_error(result, "do not fit", "--limit")
+    assert time.monotonic() - began < 20, "the refusal came after a wait for room"
+    limited = run(["stage", f"{http_origin.url}/corpus", "--cache", str(tmp_path / "cache"), "--capacity", "8000",
+                   "--limit", "2000", "--json"], timeout=60)
+    assert limited.returncode == 0, limited.stderr
+    assert json.loads(limited.stdout)["blobs"] == 1
 
 
 def test_staged_shards_bypass_the_page_cache_unless_buffered_writes_are_asked(http_origin, tmp_path):
