@@ -15,6 +15,7 @@ thread, when this process runs the engine itself.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import json
 from pathlib import Path
@@ -84,6 +85,7 @@ async def _run(source: SourceConfig, cache: CacheConfig, fetch: FetchConfig, lim
     head_start = _head_start(source, fetch) if no_daemon or not socket.exists() else None
     try:
         staging = await asyncio.to_thread(importlib.import_module, f"{__package__}.staging")
+        gc.freeze()  # as the command group does after a command's imports: they live for the whole run
         session = staging.open_session(cache, fetch, socket=socket_path, mode="embedded" if no_daemon else "auto")
         manifest = None
         if head_start is not None:
