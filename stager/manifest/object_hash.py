@@ -13,7 +13,8 @@ them:
 - **a second read**, where the origin vouches for nothing (multipart ETags,
   plain HTTP, ``memory://``) or the first pass failed its MD5: every block is
   read again until two reads agree (the same xxh3-64 as an earlier read of
-  that block), within the store's retry budget, past which the block fails as
+  that block; once reads of a block have disagreed, until one value leads
+  every other by two reads, see :class:`_Agreement`), within the store's retry budget, past which the block fails as
   :class:`~stager.errors.OriginChanged`. Where the origin gave an MD5, the
   agreed bytes must then match it too; when they do not, a HEAD tells an
   object that changed while it was read (hashed again from the start, at most
@@ -126,6 +127,30 @@ class _Pass:
     md5: str | None
 
 
+class _Agreement:
+    """When a block's reads count as its true bytes: two that agree, if no read disagreed; else a lead of two.
+
+    Two corrupted reads can agree: a corrupter that flips one byte the same way hits the same byte
+    of a 7-byte tail block once in seven (one such flip, twice, was taken for the truth and copied).
+    Once reads of a block have disagreed, corruption is on the way, so one value must be read twice
+    more often than any other before it counts; transient corruption is rarer than clean reads, so
+    the clean value gets there first, for about one more read of a block that was corrupted.
+    """
+
+    __slots__ = ("counts",)
+
+    def __init__(self, first: int) -> None:
+        self.counts = {first: 1}
+
+    def take(self, digest: int) -> bool:
+        """Count one more read; True if its bytes are now the block's truth."""
+        counts = self.counts
+        counts[digest] = counts.get(digest, 0) + 1
+        mine = counts[digest]
+        others = max((n for d, n in counts.items() if d != digest), default=0)
+        return mine >= 2 and (others == 0 or mine - others >= 2)
+
+
 async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_ahead: int,
                      new_probe: Callable[[], Any] | None,
                      with_md5: bool, agree_with: tuple[int, ...] | None,
@@ -141,13 +166,11 @@ async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_
         start, end = block_range(index, obj.size, block_size)
         check = None
         if agree_with is not None:
-            earlier = {agree_with[index]}
+            agreement = _Agreement(agree_with[index])
 
             def check(data: bytes) -> None:  # xxh3 of one block: well under a millisecond
-                digest = xxhash.xxh3_64_intdigest(data)
-                if digest not in earlier:
-                    earlier.add(digest)
-                    raise CorruptData(f"{obj.path}: block {index}: two reads gave different bytes")
+                if not agreement.take(xxhash.xxh3_64_intdigest(data)):
+                    raise CorruptData(f"{obj.path}: block {index}: reads gave different bytes")
 
         async with gate:
             return await store.read_range(obj.path, start, end, check=check)
