@@ -12,10 +12,13 @@ them:
   one read is the truth.
 - **a second read**, where the origin vouches for nothing (multipart ETags,
   plain HTTP, ``memory://``) or the first pass failed its MD5: every block is
-  read again until two reads agree (the same xxh3-64 as an earlier read of
-  that block; once reads of a block have disagreed, until one value leads
-  every other by two reads, see :class:`_Agreement`), within the store's retry budget, past which the block fails as
-  :class:`~stager.errors.OriginChanged`. Where the origin gave an MD5, the
+  read again until enough reads agree (see :class:`_Agreement`): two with
+  the same xxh3-64 for a block of 64 KiB or more, more for a smaller one (a
+  byte flipped the same way twice is likelier in a few bytes), and once reads
+  of a block have disagreed, one value must lead every other by two reads. A
+  read of a small block covers the 64 KiB before its end where the object
+  has them, so a corrupted byte rarely lands in the block. Past
+  :func:`read_limit` reads the block fails as :class:`~stager.errors.OriginChanged`. Where the origin gave an MD5, the
   agreed bytes must then match it too; when they do not, a HEAD tells an
   object that changed while it was read (hashed again from the start, at most
   :data:`CHANGED_RETRIES` times) from one whose ETag is no MD5 of its bytes
@@ -34,12 +37,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import xxhash
 
-from ..errors import CorruptData, ManifestError, OriginChanged
+from ..errors import ManifestError, OriginChanged
 from ..hashing import StreamHasher, block_count, block_range
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,10 @@ log = logging.getLogger(__name__)
 CHANGED_RETRIES = 3
 #: Bytes of the first block kept for format sniffing (the .npy header).
 HEAD_BYTES = 4096
+#: Bytes a read for agreement covers at least, ending at its block's end (where the object has them).
+AGREEMENT_SPAN = 64 * 1024
+#: Agreeing reads asked of a block whose reads cover a byte or two: as many as the odds allow.
+MOST_READS_NEEDED = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,20 +135,42 @@ class _Pass:
     md5: str | None
 
 
+def reads_needed(span: int) -> int:
+    """Agreeing reads that make a block's bytes the truth when each read covers ``span`` bytes.
+
+    A corrupter that flips one byte the same way gives two reads of ``span`` bytes the same wrong
+    bytes one time in ``span``; ``k`` reads that agree are then wrong by chance one time in
+    ``span ** (k - 1)`` at most. Enough reads to bring that under 2**-16: two from 64 KiB up,
+    three from 256 bytes, seven for 7 bytes, :data:`MOST_READS_NEEDED` for one byte.
+    """
+    if span >= 1 << 16:
+        return 2
+    if span < 2:
+        return MOST_READS_NEEDED
+    return min(MOST_READS_NEEDED, 1 + math.ceil(16 / math.log2(span)))
+
+
+def read_limit(needed: int) -> int:
+    """Reads of one block past which its reads count as disagreeing for good."""
+    return 2 * needed + 6
+
+
 class _Agreement:
-    """When a block's reads count as its true bytes: two that agree, if no read disagreed; else a lead of two.
+    """When a block's reads count as its true bytes: ``needed`` that agree, leading every other value by two.
 
     Two corrupted reads can agree: a corrupter that flips one byte the same way hits the same byte
     of a 7-byte tail block once in seven (one such flip, twice, was taken for the truth and copied).
-    Once reads of a block have disagreed, corruption is on the way, so one value must be read twice
-    more often than any other before it counts; transient corruption is rarer than clean reads, so
-    the clean value gets there first, for about one more read of a block that was corrupted.
+    So a small block needs more agreeing reads (:func:`reads_needed`), and once reads of a block
+    have disagreed, corruption is on the way, so one value must be read twice more often than any
+    other before it counts; transient corruption is rarer than clean reads, so the clean value gets
+    there first, for about one more read of a block that was corrupted.
     """
 
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "needed")
 
-    def __init__(self, first: int) -> None:
+    def __init__(self, first: int, needed: int = 2) -> None:
         self.counts = {first: 1}
+        self.needed = needed
 
     def take(self, digest: int) -> bool:
         """Count one more read; True if its bytes are now the block's truth."""
@@ -148,7 +178,7 @@ class _Agreement:
         counts[digest] = counts.get(digest, 0) + 1
         mine = counts[digest]
         others = max((n for d, n in counts.items() if d != digest), default=0)
-        return mine >= 2 and (others == 0 or mine - others >= 2)
+        return mine >= self.needed and (others == 0 or mine - others >= 2)
 
 
 async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_ahead: int,
@@ -156,7 +186,7 @@ async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_
                      with_md5: bool, agree_with: tuple[int, ...] | None,
                      on_bytes: Callable[[int], None] | None) -> _Pass:
     """One pass over ``obj``'s blocks in order, a few read ahead; with ``agree_with`` (an earlier
-    pass's block digests), each block is read until two reads agree."""
+    pass's block digests), each block is read until enough reads agree (:class:`_Agreement`)."""
     hasher = StreamHasher(block_size)
     md5 = hashlib.md5(usedforsecurity=False) if with_md5 else None
     probe = new_probe() if new_probe is not None else None
@@ -164,16 +194,23 @@ async def _read_pass(store, obj, block_size: int, gate: asyncio.Semaphore, read_
 
     async def read_block(index: int) -> bytes:
         start, end = block_range(index, obj.size, block_size)
-        check = None
-        if agree_with is not None:
-            agreement = _Agreement(agree_with[index])
+        if agree_with is None:
+            async with gate:
+                return await store.read_range(obj.path, start, end)
+        return await agreed_block(index, start, end)
 
-            def check(data: bytes) -> None:  # xxh3 of one block: well under a millisecond
-                if not agreement.take(xxhash.xxh3_64_intdigest(data)):
-                    raise CorruptData(f"{obj.path}: block {index}: reads gave different bytes")
-
-        async with gate:
-            return await store.read_range(obj.path, start, end, check=check)
+    async def agreed_block(index: int, start: int, end: int) -> bytes:
+        first = max(0, min(start, end - AGREEMENT_SPAN))  # a small block's read covers more
+        agreement = _Agreement(agree_with[index], reads_needed(end - first))
+        limit = read_limit(agreement.needed)
+        for _ in range(limit):
+            async with gate:
+                data = await store.read_range(obj.path, first, end)
+            block = data[start - first:]
+            if agreement.take(xxhash.xxh3_64_intdigest(block)):  # well under a millisecond
+                return block
+        raise OriginChanged(f"{store.url.rstrip('/')}/{obj.path}: block {index}: {limit} reads gave "
+                            f"different bytes ({len(agreement.counts)} different values)")
 
     def feed(data: bytes) -> None:
         hasher.update(data)

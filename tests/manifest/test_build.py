@@ -96,3 +96,20 @@ async def test_an_etag_that_is_no_md5_of_the_bytes_keeps_what_two_reads_agree_on
         truth = await hash_object(local, (await local.list())[0], 64 * KiB, gate=asyncio.Semaphore(4))
     assert (hashed.digest, hashed.blocks) == (truth.digest, truth.blocks)
     assert "part-0.bin" in caplog.text and "no MD5" in caplog.text
+
+
+@pytest.mark.parametrize("etag", ["MD5", ""], ids=["origin-vouches-md5", "origin-vouches-nothing"])
+async def test_two_reads_of_a_tiny_object_corrupted_alike_are_not_taken_for_its_bytes(s3_server_factory, fault_proxy,
+                                                                                     etag):
+    """The one byte of an object flipped on its first two reads gives two reads that agree on wrong bytes."""
+    server = s3_server_factory(etag_hash=etag)
+    root = server.make_bucket("data") / "ds"
+    root.mkdir()
+    (root / "tiny.bin").write_bytes(b"\x5a")
+    (root / "other.bin").write_bytes(random.Random(1).randbytes(3 * KiB))
+    proxy = fault_proxy(server, FaultPlan(flip_p=1.0, max_faults=2, path_contains="tiny.bin"), seed=1)
+    source = SourceConfig("s3://data/ds", server.storage_options(proxy.url))
+    async with open_store(source, retry=FAST_RETRY) as store:
+        manifest = await build_manifest(store, CONFIG)
+    assert proxy.faults.get("flip", 0) == 2, proxy.faults  # both of the first two reads were corrupted
+    assert entries(manifest) == entries(await local_truth(root))
