@@ -18,6 +18,10 @@ missing here, the shard's complete cache file is looked for first (the
 engine stages the blob whole meanwhile): once it is there the iterator maps
 it and checks it as for any shard, and the stand-in gives way to that array.
 
+A window read in its full shuffle (a stream resumed in a later window) is
+served from blocks too: any sample may be in any block there, so
+:class:`SamplesAhead` asks for the blocks of the samples read next instead.
+
 Only shards whose tokens are the file's last bytes, in the manifest's dtype,
 are served so (flat ``.bin`` and Megatron files, ``.npy`` whose header is
 checked against the manifest once block 0 is in); the others, and compressed
@@ -33,7 +37,7 @@ import concurrent.futures
 import io
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -270,3 +274,64 @@ class LinkBlocks:
             self._waited(time.monotonic() - began)
         self.blocks_read += 1
         return data
+
+
+class SamplesAhead:
+    """The blocks of the samples read next, asked for in the order they will be read, where a window is
+    served from blocks in its full shuffle (a stream resumed in a later window, or in an unstriped one).
+
+    There, any sample may be in any block of any of the window's shards, so a :class:`BlockShard`'s own
+    warming (the next blocks of the one read) does not help: each sample would wait for its own block,
+    one at a time. Instead the blocks of the next ``look`` samples are asked for: the first batch's
+    together (:meth:`start`, their bytes kept for it), then, whenever the reader is half-way through
+    what was asked for, the next ones warmed into the cache. They are urgent, so they go ahead of the
+    plan's prefetches, in the order they will be read.
+
+    Args:
+        arrays: the window's open shards (a :class:`BlockShard` for those served from blocks).
+        base: per manifest shard, where its tokens start in the file (bytes).
+        itemsize: per manifest shard, bytes per token.
+        sample_len: tokens per sample.
+        look: samples asked for ahead of the one being read.
+    """
+
+    __slots__ = ("arrays", "base", "itemsize", "sample_len", "look", "_until", "next")
+
+    def __init__(self, arrays: dict[int, Any], base: np.ndarray, itemsize: np.ndarray, sample_len: int,
+                 look: int) -> None:
+        self.arrays, self.base, self.itemsize, self.sample_len = arrays, base, itemsize, sample_len
+        self.look = max(1, look)
+        self._until = 0  # samples of the run asked for so far
+        self.next = 0  # the reader calls advance() again at this sample of the run
+
+    def start(self, shards: list[int], offsets: list[int], count: int) -> list[concurrent.futures.Future]:
+        """Ask for the blocks of the run's first ``count`` samples now, their bytes kept; the reads."""
+        reads: dict[tuple[int, int], concurrent.futures.Future] = {}
+        for shard, block in self._blocks(shards, offsets, 0, min(count, len(shards))):
+            if (shard, block) not in reads:
+                reads[shard, block] = self.arrays[shard].start(block)
+        self._until = min(count, len(shards))
+        self.advance(shards, offsets, 0)
+        return list(reads.values())
+
+    def advance(self, shards: list[int], offsets: list[int], at: int) -> None:
+        """The reader is at sample ``at`` of the run: warm the blocks up to ``look`` samples ahead of it."""
+        stop = min(len(shards), at + self.look)
+        for shard, block in self._blocks(shards, offsets, self._until, stop):
+            self.arrays[shard].warm(block)
+        self._until = max(self._until, stop)
+        self.next = at + max(1, self.look // 2)
+
+    def _blocks(self, shards: list[int], offsets: list[int], lo: int, hi: int) -> Iterator[tuple[int, int]]:
+        """(shard, block) of each block samples ``lo`` to ``hi`` of the run need, in their order, for
+        shards served from blocks."""
+        for i in range(lo, hi):
+            shard = shards[i]
+            one = self.arrays.get(shard)
+            if not isinstance(one, BlockShard) or one.array is not None:
+                continue
+            size = int(self.itemsize[shard])
+            first = int(self.base[shard]) + offsets[i] * size
+            last = first + self.sample_len * size - 1
+            for block in range(first // one.block_size, min(last // one.block_size, one.blocks - 1) + 1):
+                yield shard, block

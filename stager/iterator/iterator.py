@@ -52,7 +52,7 @@ from ..config import SourceConfig
 from ..errors import CacheCorrupt, CacheError, CacheFull, ConfigError, CorruptData, OriginError, StagerError
 from ..manifest import Manifest
 from .ahead import MadeAhead
-from .block_shard import BlockShard, LinkBlocks, blocks_ahead
+from .block_shard import AHEAD_BYTES, BlockShard, LinkBlocks, SamplesAhead, blocks_ahead
 from .config import IteratorConfig
 from .deal import Layout, Remainder, Slice
 from .order import EpochOrder, OrderSpec
@@ -268,10 +268,11 @@ class TokenIterator:
             self._check(generation)
             if run_window != window:
                 window = self._enter_window(link, run_window, plan, arrays, order)
-            for shard, offset in zip(shards, offsets):
-                self._done += 1
-                sample = arrays[shard][offset:offset + n]
-                yield sample if convert is None else sample.astype(convert)
+            for lo, hi in self._parts(arrays, window, order, shards, offsets):
+                for shard, offset in zip(shards[lo:hi], offsets[lo:hi]):
+                    self._done += 1
+                    sample = arrays[shard][offset:offset + n]
+                    yield sample if convert is None else sample.astype(convert)
 
     def _batches(self, generation: int, link: StagingLink, order: EpochOrder, piece: Slice,
                  plan: tuple[np.ndarray, np.ndarray], start: int,
@@ -286,15 +287,32 @@ class TokenIterator:
             self._check(generation)
             if run_window != window:
                 window = self._enter_window(link, run_window, plan, arrays, order)
-            for shard, offset in zip(shards, offsets):
-                out[row] = arrays[shard][offset:offset + n]
-                row += 1
-                if row == size:
-                    yield size, out if wrap is None else wrap(out)  # counted when it reaches the consumer
-                    out = np.empty((size, n), dtype=self.out_dtype)
-                    row = 0
+            for lo, hi in self._parts(arrays, window, order, shards, offsets):
+                for shard, offset in zip(shards[lo:hi], offsets[lo:hi]):
+                    out[row] = arrays[shard][offset:offset + n]
+                    row += 1
+                    if row == size:
+                        yield size, out if wrap is None else wrap(out)  # counted when it reaches the consumer
+                        out = np.empty((size, n), dtype=self.out_dtype)
+                        row = 0
         if row:
             yield row, out[:row] if wrap is None else wrap(out[:row])
+
+    def _parts(self, arrays: dict[int, Any], window: int, order: EpochOrder, shards: list[int],
+               offsets: list[int]) -> Iterator[tuple[int, int]]:
+        """A run of samples in parts ``[lo, hi)``: the whole run, unless shards of a window in its full shuffle
+        are served from blocks; then parts of half the look-ahead, the blocks of the samples ahead of
+        each asked for before it is read (:class:`SamplesAhead`)."""
+        ahead = None if window == 0 and order.stripes is not None else self._samples_ahead(arrays)
+        if ahead is None:
+            yield 0, len(shards)
+            return
+        lo = 0
+        while lo < len(shards):
+            ahead.advance(shards, offsets, lo)
+            hi = min(len(shards), ahead.next)
+            yield lo, hi
+            lo = hi
 
     def _check(self, generation: int) -> None:
         """Per block of positions: refuse a superseded stream, log the stats when due."""
@@ -322,8 +340,8 @@ class TokenIterator:
         shards, windows = plan
         start = int(np.searchsorted(windows, window, side="left"))
         stop = int(np.searchsorted(windows, window, side="right"))
-        # Shards served from blocks are the first window's, made with the plan (see _start_plan).
-        kept = {s: a for s, a in arrays.items() if isinstance(a, BlockShard)} if window == 0 else {}
+        # Shards served from blocks are the plan's first window's, made with the plan (see _start_plan).
+        kept = {s: a for s, a in arrays.items() if isinstance(a, BlockShard)} if window == windows[0] else {}
         for old in arrays.values():
             if isinstance(old, BlockShard) and old not in kept.values():
                 old.close()
@@ -374,35 +392,69 @@ class TokenIterator:
 
     def _start_plan(self, link: StagingLink, order: EpochOrder, piece: Slice, start: int,
                     arrays: dict[int, Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Register this consumer's plan; when it starts in the striped first window, first put that
-        window's shards not staged yet in ``arrays`` as :class:`BlockShard` and read their first blocks:
+        """Register this consumer's plan; first put the shards of the window it starts in that are not
+        staged yet in ``arrays`` as :class:`BlockShard` and read the blocks the first batch needs (of the
+        striped first window: its first stripe; of a later window, resumed: its first samples' blocks):
         read before the plan starts, they take the first requests and the whole link, not places behind
         the prefetches (a request in flight holds its slot until its last byte: on a slow link, seconds).
         The prefetch starts a block's round trip later; the first batch needs those blocks anyway."""
         plan = plan_shards(order, self._order(order.epoch + 1), piece, start, self.manifest.sizes,
                            self.config.prefetch_bytes or self.fetch_config.window_bytes)
-        if order.stripes is not None and len(plan.windows) and plan.windows[0] == 0:
+        if len(plan.windows):
+            window = int(plan.windows[0])
+            striped = window == 0 and order.stripes is not None
             served = []
-            for shard in plan.shards[plan.windows == 0].tolist():
-                one = self._block_shard(link, shard, arrays)
+            for shard in plan.shards[plan.windows == window].tolist():
+                one = self._block_shard(link, shard, arrays, striped)
                 if one is not None:
                     arrays[shard] = one
                     served.append(one)
-            # Block 0 of every shard (the first steps need them all), the next stripes warmed behind them,
-            # then the plan: blocks asked for once the plan's prefetches hold the requests wait for them
-            # to end (measured: the consumer then stalled 6 to 8% at half the link's rate).
-            position = int(piece.positions(start, start + 1)[0]) if start < len(piece) else 0
-            stripe = int(np.searchsorted(order.stripes.starts, position, side="right")) - 1  # where it starts
-            first = [one.start(stripe) for one in served]
-            for ahead in range(1, served[0].ahead + 1 if served else 0):  # the next stripes, in their order,
-                for one in served:                                        # queued behind them
-                    one.warm(stripe + ahead)
-            began = time.monotonic()
-            concurrent.futures.wait(first, timeout=FIRST_BLOCKS_WAIT)  # an error shows where it is read
-            self._waited(time.monotonic() - began)
+            if served:
+                first = self._first_blocks(order, piece, start, window, served, arrays) if striped \
+                    else self._first_samples(order, piece, start, window, arrays)
+                began = time.monotonic()
+                concurrent.futures.wait(first, timeout=FIRST_BLOCKS_WAIT)  # an error shows where it is read
+                self._waited(time.monotonic() - began)
         link.start_plan(plan.staged, plan.ahead, plan.name)
         self._stats.plans += 1
         return plan.shards, plan.windows
+
+    def _first_blocks(self, order: EpochOrder, piece: Slice, start: int, window: int, served: list[BlockShard],
+                      arrays: dict[int, Any]) -> list[concurrent.futures.Future]:
+        """The striped first window: block 0 of every shard (the first steps need them all; past it, where the
+        stream resumes), the next stripes warmed behind them, before the plan: blocks asked for once the plan's
+        prefetches hold the requests wait for them to end (measured: the consumer then stalled 6 to 8% at
+        half the link's rate). The reads of the first ones."""
+        assert order.stripes is not None
+        position = int(piece.positions(start, start + 1)[0]) if start < len(piece) else 0
+        stripe = int(np.searchsorted(order.stripes.starts, position, side="right")) - 1  # where it starts
+        first = [one.start(stripe) for one in served]
+        for ahead in range(1, served[0].ahead + 1):  # the next stripes, in their order, queued behind them
+            for one in served:
+                one.warm(stripe + ahead)
+        return first
+
+    def _first_samples(self, order: EpochOrder, piece: Slice, start: int, window: int,
+                       arrays: dict[int, Any]) -> list[concurrent.futures.Future]:
+        """A window in its full shuffle (resumed in a later window): the blocks of the first batch's samples,
+        and those of the samples after them warmed, before the plan (as for :meth:`_first_blocks`)."""
+        ahead = self._samples_ahead(arrays)
+        assert ahead is not None
+        found = order.lookup(piece.positions(start, min(len(piece), start + ahead.look)))
+        here = found.windows == window
+        return ahead.start(found.shards[here].tolist(), found.offsets[here].tolist(), self.layout.batch)
+
+    def _samples_ahead(self, arrays: dict[int, Any]) -> SamplesAhead | None:
+        """Asks for the blocks of the samples read next, if some of ``arrays`` (a window in its full
+        shuffle) are served from blocks; else None."""
+        if not any(isinstance(one, BlockShard) and one.array is None for one in arrays.values()):
+            return None
+        base, itemsize = self.index.token_bytes
+        # Two batches ahead at most: the blocks of one blob wanted at once are fetched in block order, so
+        # more asked for ahead would hold the next batch's blocks behind later ones.
+        batch = self.layout.batch
+        look = max(batch, min(2 * batch, AHEAD_BYTES // self.manifest.block_size))
+        return SamplesAhead(arrays, base, itemsize, self.sample_spec.sample_len, look)
 
     def _open(self, link: StagingLink, shard: int, position: int) -> np.ndarray:
         m = self.manifest
@@ -413,7 +465,8 @@ class TokenIterator:
         data = self._staged(link, shard, position) if m.codecs[shard] is None else self._inflated(link, shard, position)
         return reader.open(data, name, m.stored_dtype(shard), int(m.tokens[shard]))
 
-    def _block_shard(self, link: StagingLink, shard: int, arrays: dict[int, Any]) -> BlockShard | None:
+    def _block_shard(self, link: StagingLink, shard: int, arrays: dict[int, Any],
+                     striped: bool = True) -> BlockShard | None:
         """``shard`` served from its verified blocks until its cache file is complete (which then takes its
         place in ``arrays``); None if it is complete now, compressed, or of a format not served so."""
         m = self.manifest
@@ -445,7 +498,7 @@ class TokenIterator:
                             m.block_size, functools.partial(blocks.fetch, shard), functools.partial(blocks.warm, shard),
                             functools.partial(blocks.wait, where=where), complete,
                             ahead=blocks_ahead(m.block_size, self.order_spec.shards_per_window,
-                                               self.fetch_config.request_bytes),
+                                               self.fetch_config.request_bytes) if striped else 0,
                             npy=isinstance(reader, NpyReader))
         self._stats.opened(False, 0.0)  # not staged when first needed; its block waits count as they come
         return served

@@ -174,3 +174,35 @@ def test_a_version_1_state_mid_first_window_resumes_that_epoch_in_its_unstriped_
     firsts = older + rows_of(rest)
     assert sorted(firsts) == sorted(expected_firsts(manifest, SEQ))  # every sample once, in the old order
     assert rows_of(head) != older  # the striped order differs from the old one: the version mattered
+
+
+@pytest.mark.parametrize("fmt", ["bin", "npy"])
+def test_a_stream_resumed_in_a_later_window_serves_its_first_batch_from_blocks(s3_bucket, fault_proxy, tmp_path,
+                                                                               fmt):
+    """A job restarted from a checkpoint lands in a fully shuffled later window: its first batch needs one block
+    per sample, not the whole window."""
+    manifest = write_counting_corpus(s3_bucket.path / "data", LENGTHS, fmt=fmt, block_size=BLOCK)
+    proxy = fault_proxy(s3_bucket, FaultPlan(latency_s=0.002), seed=3)
+    url, options = f"{s3_bucket.url}/data", s3_bucket.storage_options(proxy.url)
+    with make(url, options, str(tmp_path / "before")) as it:
+        order = EpochOrder(it.index, it.order_spec, 0)
+        into_second = int(manifest.tokens[order.window_shards(0)].sum()) // SEQ + 3 * SETTINGS["batch_size"]
+        stream = iter(it)
+        head = [next(stream) for _ in range(-(-into_second // SETTINGS["batch_size"]))]
+        saved = it.state_dict()
+        window = order.lookup(np.array([into_second])).windows[0]
+    assert window == 1
+    window_bytes = int(manifest.sizes[order.window_shards(1)].sum())
+    proxy.update(bandwidth_bps=SLOW)
+    with make(url, options, str(tmp_path / "after")) as it:  # a new node: a cold cache
+        it.load_state_dict(saved)
+        before = proxy.bytes_forwarded
+        stream = iter(it)
+        first = next(stream)
+        fetched = proxy.bytes_forwarded - before
+        served = it.stats()["blocks_served"]
+        proxy.update(bandwidth_bps=None)
+        rest = list(stream)
+    assert served > 0
+    assert fetched < window_bytes / 8, f"{fetched:,} bytes fetched for the first batch, the window is {window_bytes:,}"
+    assert sorted(rows_of([*head, first, *rest])) == sorted(expected_firsts(manifest, SEQ))
