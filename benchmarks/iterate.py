@@ -133,6 +133,8 @@ def stager_loader(spec: dict, mode: str):
     ds = TokenDataset(spec["source"], storage_options=options, seq_len=spec["seq_len"], seed=0,
                       batch_size=spec["batch"], batches=mode != "per-sample", cache_dir=spec["cache"],
                       capacity=spec["capacity"], fetch=fetch, dtype=torch.int64, log_every=0, shuffle_window=4)
+    if spec.get("resume_state"):
+        ds.load_state_dict(spec["resume_state"])
     if mode == "direct":
         return ds
     if mode == "per-sample":
@@ -194,7 +196,7 @@ def naive_loader(spec: dict):
         raise AssertionError("unreachable")
 
     def batches():
-        for lo in range(0, len(order), b):
+        for lo in range(spec.get("resume_batches", 0) * b, len(order), b):
             found = order.lookup(np.arange(lo, min(lo + b, len(order))))
             rows = [read(s, o) for s, o in zip(found.shards.tolist(), found.offsets.tolist())]
             yield torch.from_numpy(np.stack(rows).astype(np.int64))
@@ -329,6 +331,19 @@ def run_warm(name: str, spec: dict) -> dict:
     return {"sequences_per_s": samples / seconds, "seconds": seconds, "wrong": wrong}
 
 
+def resume_state(spec: dict) -> dict:
+    """stager's state after ``spec["resume_batches"]`` batches, read from the local corpus (same manifest,
+    same order) into a cache of its own: where a job restarted from a checkpoint resumes."""
+    from stager.torch import TokenDataset
+
+    ds = TokenDataset(spec["corpus"], seq_len=spec["seq_len"], seed=0, batch_size=spec["batch"], batches=True,
+                      cache_dir=spec["cache"] + "-resume", capacity=spec["capacity"], log_every=0, shuffle_window=4)
+    stream = iter(ds)
+    for _ in range(spec["resume_batches"]):
+        next(stream)
+    return ds.state_dict()
+
+
 def run_cold(name: str, spec: dict) -> dict:
     began = time.perf_counter()
     loader = LOADERS[name](spec)
@@ -366,6 +381,8 @@ def contender_main(name: str, phase: str, spec: dict) -> None:
      "parquet native": lambda: __import__("datasets"),
      "megatron native": lambda: __import__("megatron.core.datasets.indexed_dataset")}.get(
         name, lambda: __import__("stager.torch"))()
+    if phase == "cold" and spec.get("resume_batches") and name.startswith("stager"):
+        spec = dict(spec, resume_state=resume_state(spec))  # before the clock starts
     result = (run_warm if phase == "warm" else run_cold)(name, spec)
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # peers leave worker threads behind; the result is out
@@ -539,6 +556,9 @@ def main() -> None:
     parser.add_argument("--cold-batch", type=int, default=32,
                         help="batch of the cold run (a step long enough that loader CPU is not the stall)")
     parser.add_argument("--consume", type=float, default=0.5, help="training consumption / origin bandwidth")
+    parser.add_argument("--resume-at", type=float, default=0.0,
+                        help="the cold run (naive and stager) resumes this fraction into the epoch, as a job "
+                             "restarted from a checkpoint on a new node (stager from its saved state)")
     parser.add_argument("--rounds", type=int, default=7, help="warm rounds (the median counts)")
     parser.add_argument("--only", default="", help="comma-separated contenders to run")
     parser.add_argument("--workdir", default=None, help="kept afterwards (default: a temporary one, removed)")
@@ -695,6 +715,10 @@ def compare(args: argparse.Namespace, work: Path) -> None:
                 steps = args.cold_steps or shards * shard_tokens // args.seq_len // args.cold_batch - 4
                 spec = dict(base, batch=args.cold_batch, steps=steps, step_time=step_time, env=env,
                             capacity=1 << 40, workers=1)
+                if args.resume_at and name in ("naive", "stager"):
+                    epoch_batches = shards * shard_tokens // args.seq_len // args.cold_batch
+                    spec.update(resume_batches=int(args.resume_at * epoch_batches),
+                                steps=min(steps, epoch_batches - int(args.resume_at * epoch_batches) - 4))
                 if name == "naive":
                     steps = min(steps, NAIVE_STEPS)
                     spec.update(steps=steps, source="s3://corpus",
