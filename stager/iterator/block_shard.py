@@ -311,7 +311,7 @@ class SamplesAhead:
             if (shard, block) not in reads:
                 reads[shard, block] = self.arrays[shard].start(block)
         self._until = min(count, len(shards))
-        self.advance(shards, offsets, 0)
+        self.advance(shards, offsets, 0)  # and the samples after them, warmed
         return list(reads.values())
 
     def advance(self, shards: list[int], offsets: list[int], at: int) -> None:

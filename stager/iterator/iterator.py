@@ -410,7 +410,7 @@ class TokenIterator:
                     arrays[shard] = one
                     served.append(one)
             if served:
-                first = self._first_blocks(order, piece, start, window, served, arrays) if striped \
+                first = self._first_blocks(order, piece, start, served) if striped \
                     else self._first_samples(order, piece, start, window, arrays)
                 began = time.monotonic()
                 concurrent.futures.wait(first, timeout=FIRST_BLOCKS_WAIT)  # an error shows where it is read
@@ -419,8 +419,8 @@ class TokenIterator:
         self._stats.plans += 1
         return plan.shards, plan.windows
 
-    def _first_blocks(self, order: EpochOrder, piece: Slice, start: int, window: int, served: list[BlockShard],
-                      arrays: dict[int, Any]) -> list[concurrent.futures.Future]:
+    def _first_blocks(self, order: EpochOrder, piece: Slice, start: int,
+                      served: list[BlockShard]) -> list[concurrent.futures.Future]:
         """The striped first window: block 0 of every shard (the first steps need them all; past it, where the
         stream resumes), the next stripes warmed behind them, before the plan: blocks asked for once the plan's
         prefetches hold the requests wait for them to end (measured: the consumer then stalled 6 to 8% at
