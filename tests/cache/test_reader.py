@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
+
+import xxhash
 
 from stager.cache import CacheTier
-from stager.cache.reader import BlockReads
+from stager.cache.reader import REHASH_WINDOW, BlockReads
 
 from .blobs import config, make_blob
 
@@ -74,3 +79,37 @@ def test_a_bad_block_of_a_partial_blob_is_forgotten_and_of_a_complete_one_drops_
             os.close(fd)
         assert reads.open_complete(blob.digest) is None and reads.open_any(blob.digest) is None
         assert reported == [blob.digest, blob.digest]
+
+
+_REHASH_PEAK = r"""
+import os, sys, xxhash
+from stager.cache.reader import file_digest
+
+def hwm_kib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+path, size = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_RDONLY)
+before = hwm_kib()
+digest = file_digest(fd, size)
+print(digest, hwm_kib() - before)
+"""
+
+
+def test_the_commits_rehash_holds_a_window_of_the_file_resident_not_the_file(tmp_path):
+    # The engine re-hashes several blobs at once before their commits: mapped whole, each one's
+    # pages counted in the process's RSS for as long as its hash ran.
+    size = 96 << 20
+    path = tmp_path / "blob"
+    chunk = os.urandom(1 << 20)
+    expected = xxhash.xxh3_128()
+    with open(path, "wb") as fh:  # through the page cache: every page resident, so every page maps in
+        for _ in range(size >> 20):
+            fh.write(chunk)
+            expected.update(chunk)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", _REHASH_PEAK, str(path), str(size)], env=env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert out[0] == expected.hexdigest()
+    assert int(out[1]) < 4 * REHASH_WINDOW // 1024, f"peak RSS grew by {int(out[1]) >> 10} MiB re-hashing 96 MiB"
