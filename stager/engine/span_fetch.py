@@ -121,11 +121,18 @@ class SpanFetch:
         # makes for this node, and two nodes whose slots all waited on each other would both stall
         # (requests to peers are bounded by their own client's connections instead).
         async with ctx.gate.slot(self._span.priority, owner=self._span, nbytes=end - start):
-            delay = ctx.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay,
-                                            urgent=self._span.priority <= URGENT) if config.hedge else None
+            gate = ctx.gate
+            sharing = gate.holders  # origin requests in flight beside this one (itself included)
+
+            def delay() -> float | None:  # asked again when it runs out: the neighbours may have multiplied
+                return ctx.latency.hedge_delay(end - start, config.hedge_factor, config.hedge_min_delay,
+                                               urgent=self._span.priority <= URGENT,
+                                               sharing=max(sharing, gate.holders))
+
             began = time.monotonic()
-            data, hedge_won = await hedged(stream, delay, self._count_hedge, make_hedge=in_memory)
-            ctx.latency.record(time.monotonic() - began, end - start)
+            data, hedge_won = await hedged(stream, delay if config.hedge else None, self._count_hedge,
+                                           make_hedge=in_memory)
+            ctx.latency.record(time.monotonic() - began, end - start, sharing=(sharing + gate.holders) / 2)
             if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
                 ctx.stats.hedges_won += 1
                 await write_held(ctx.disk, self._partial, ref, indexes, start, data, durable=config.durable,

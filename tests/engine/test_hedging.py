@@ -26,6 +26,40 @@ def test_no_hedging_before_enough_samples_then_p95_times_factor():
     assert tracker.hedge_delay(1 << 20, 2.0, 5.0) == 5.0  # never below the floor
 
 
+def test_durations_are_judged_per_request_in_flight_beside_them():
+    tracker = LatencyTracker(samples=100, min_samples=10)
+    for _ in range(20):
+        tracker.record(0.4, 1 << 20, sharing=4)  # four at once on a full link: 0.1 s a MiB each alone
+    assert tracker.hedge_delay(1 << 20, 2.0, 0.0) == pytest.approx(0.2)
+    assert tracker.hedge_delay(1 << 20, 2.0, 0.0, sharing=4) == pytest.approx(0.8)
+    assert tracker.hedge_delay(1 << 20, 2.0, 0.0, sharing=12) == pytest.approx(2.4)  # three times the company
+    assert tracker.hedge_delay(1 << 20, 2.0, 0.0, sharing=0) == pytest.approx(0.2)  # never less than alone
+
+
+async def test_a_delay_asked_again_when_it_runs_out_spares_a_request_whose_neighbours_multiplied():
+    asked = []
+
+    def delay() -> float:  # the first answer runs out; by then the request has company
+        asked.append(1)
+        return 0.05 if len(asked) == 1 else 5.0
+
+    calls = 0
+
+    async def request() -> str:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.3)
+        return "answer"
+
+    assert await asyncio.wait_for(hedged(request, delay), 5) == ("answer", False)
+    assert calls == 1 and len(asked) == 2
+
+    asked.clear()
+    hedges = []
+    result, won = await asyncio.wait_for(hedged(request, lambda: 0.05, lambda: hedges.append(1)), 5)
+    assert calls == 3 and hedges == [1]  # the same request with an unchanged delay is raced
+
+
 async def test_straggler_is_raced_and_the_fast_hedge_wins():
     calls = 0
     cancelled = asyncio.Event()

@@ -162,6 +162,27 @@ async def test_a_straggling_request_is_hedged(http_origin, fault_proxy, tmp_path
             assert elapsed < 3.0 * 2  # without hedging, serial 3 s spikes would pile up
 
 
+async def test_requests_slowed_only_by_sharing_the_link_with_more_of_them_are_not_hedged(http_origin, fault_proxy,
+                                                                                           tmp_path):
+    # The link (here the proxy's aggregate cap; on loopback, our own CPU) is the bottleneck: eight
+    # requests in flight take about eight times as long each as one alone, and none is a straggler.
+    # Hedging them would move their bytes twice over the link that is already full.
+    make_corpus(http_origin.root / "corpus", shards=40, tokens=30_000)  # a block each: one request each
+    proxy = fault_proxy(http_origin, FaultPlan(bandwidth_bps=2_000_000), seed=1)
+    config = fetch_config(concurrency=8, hedge_min_delay=0.05, request_bytes=BLOCK)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, config) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            for i in range(16):  # the latency tracker learns from requests alone on the link
+                await engine.ensure(dataset.ref(i))
+            assert engine.stats.hedged_requests == 0
+            await asyncio.wait_for(asyncio.gather(*(engine.ensure(dataset.ref(i)) for i in range(16, 40))), 60)
+            assert engine.gate.peak_holders >= 6  # they did share the link
+            assert engine.stats.hedged_requests == 0
+            assert proxy.bytes_forwarded < dataset.manifest.total_bytes * 1.1  # each byte crossed it once
+        assert_cache_matches(cache, dataset.manifest, http_origin.root / "corpus")
+
+
 async def test_a_cold_engines_urgent_block_read_is_hedged_before_any_latency_is_known(http_origin, fault_proxy,
                                                                                         tmp_path):
     """A consumer blocked on a cold start's first blocks (the iterator's first window, served block by block)
