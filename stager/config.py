@@ -236,7 +236,7 @@ class FetchConfig:
     """How the engine fetches: concurrency, window, hedging, bandwidth."""
 
     # The most block requests in flight: the ceiling of the adaptive limit (engine/concurrency.py),
-    # which starts at 16 and follows the origin; memory bounds it further (requests x their buffers).
+    # which starts at 16 and follows the origin; memory bounds it further (the receive buffers held, measured).
     concurrency: int = 256
     request_bytes: int = 8 * MiB  # the most one ranged GET asks for: consecutive wanted blocks share a request
     window_bytes: int = 2 * GiB  # the most a plan stages ahead of its consumer's cursor (the cache's bound)

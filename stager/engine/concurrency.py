@@ -25,10 +25,15 @@ in the manner of TCP Vegas:
   finished request (tripling each round trip) while the gate is saturated
   and the gradient stays 1; where the bytes are counted as they arrive
   (:meth:`ConcurrencyController.count_bytes`, the engine's verified blocks),
-  it grows by as much per full request's worth of bytes instead, so a long
-  request pays for more of them from its first block. After that, the limit
+  it grows by one per ``SLOW_START_BYTES`` that arrive instead (doubling
+  each time those in flight have delivered a block each), so a request of
+  several seconds pays for more of them from its first block. After that, the limit
   moves towards ``limit * gradient + sqrt(limit)``: it keeps probing upwards
   while the latency does not rise, and backs off when it does.
+* Where the :class:`MemoryBound` sees bytes queueing on this host (requests
+  holding more than a couple of MiB each, or many connections paused for
+  their consumer), the disk or the CPU here is the bottleneck: slow start
+  ends and probing stops, since more requests would add memory, not bytes.
 * A throttled attempt (``SlowDown``, counted by the store's retry policy)
   cuts the limit by ``THROTTLE_CUT`` at once, at most once per recent request
   duration, and ends slow start.
@@ -38,9 +43,12 @@ in the manner of TCP Vegas:
   (a host whose CPU is the bottleneck makes every request slower yet still
   moves more bytes with more of them).
 
-The limit never exceeds ``ceiling`` (the user's ``--concurrency``, bounded by
-:func:`memory_ceiling`) and latency alone never pushes it below ``initial``;
-only throttling does (down to one). Everything is a few float operations per
+The limit never exceeds ``ceiling`` (the user's ``--concurrency``) nor what a
+:class:`MemoryBound` allows: the receive buffers that requests in flight hold
+are measured, not assumed, so a capped link (where each request holds about a
+buffer) gets many more requests than loopback (where each holds several,
+queued for the disk) within the same budget. Latency alone never pushes the
+limit below ``initial``; only throttling does (down to one). Everything is a few float operations per
 finished request (or verified block) on the event loop: no per-byte work, no
 task, no timer.
 """
@@ -53,16 +61,27 @@ from typing import Callable
 
 #: Where the limit starts (or the ceiling, if lower).
 INITIAL = 16
-#: Bytes of the engine's buffers that requests in flight may take together.
-MEMORY_BUDGET = 256 << 20
-#: What one streaming request may hold: write batches filling and on their way to the disk (three of
-#: 1 MiB) and its receive buffer (1 MiB). Measured: about 5 MiB each on loopback, 1.5 MiB on slow links.
-REQUEST_FOOTPRINT = 4 << 20
+#: Bytes of receive buffers that requests in flight may hold together (see MemoryBound).
+MEMORY_BUDGET = 192 << 20
+#: What a request is taken to hold at least: its receive buffer.
+MIN_FOOTPRINT = 1 << 20
+#: Held per request beyond this, bytes queue on this host (for the disk or the CPU): more requests would
+#: add memory, not throughput, so slow start ends. Measured: 1.3-1.5 MiB on links capped per connection,
+#: about 5 on loopback.
+QUEUED_FOOTPRINT = 2 << 20
+#: At least this share of the connections receiving paused for their consumer (their answer queued a
+#: couple of MiB): this host is the bottleneck, and slow start ends.
+QUEUED_PAUSED = 0.25
 #: Requests may take this much longer per byte than the best seen before it counts as a queue we cause.
 TOLERANCE = 1.5
 #: Slow start adds this many per finished request: the limit triples each round trip. Requests to an
 #: object store take a second or more each, so a staging run lasts only a few round trips.
 SLOW_START_GAIN = 2.0
+#: Where bytes are counted as they arrive, slow start adds one request per this many bytes instead (as
+#: TCP adds a segment per segment acknowledged; or SLOW_START_GAIN per request's worth, if requests are
+#: smaller): the limit doubles each time those in flight have each delivered a block's worth, half a
+#: second on a link of 2 MB/s per connection, not a whole request's.
+SLOW_START_BYTES = 1 << 20
 #: Lowest gradient: one sample never cuts the limit by more than this factor.
 MIN_GRADIENT = 0.5
 #: On a throttled attempt the limit is multiplied by this.
@@ -79,10 +98,44 @@ BEST_GAIN = 1.1
 RATE_WINDOW = 1.0
 
 
-def memory_ceiling(ceiling: int, request_bytes: int, budget: int = MEMORY_BUDGET) -> int:
-    """``ceiling`` bounded so that requests in flight x their footprint fit in ``budget`` (at least 1)."""
-    footprint = max(1, min(request_bytes, REQUEST_FOOTPRINT))
-    return max(1, min(ceiling, budget // footprint))
+class MemoryBound:
+    """What requests in flight cost in memory, measured: the bound on their number, and a sign of queueing.
+
+    ``in_use`` tells the bytes of receive buffers held now (by requests filling
+    them and by views on their way to the disk); ``receiving`` the requests
+    holding them (not those still waiting for their first byte, which would
+    make each look cheaper than it is); ``paused`` the connections paused for
+    their consumer. The ratio of the first two is what one request costs here: about a buffer
+    on a link capped per connection, several where bytes arrive faster than
+    this host writes them (each connection pauses once its answer has queued
+    a couple of MiB), so the same budget allows many more requests to a slow
+    origin than to a fast one.
+    """
+
+    def __init__(self, budget: int, in_use: Callable[[], int], receiving: Callable[[], int],
+                 paused: Callable[[], int] = lambda: 0) -> None:
+        if budget <= 0:
+            raise ValueError(f"memory budget must be > 0 bytes, got {budget}")
+        self.budget = budget
+        self._in_use = in_use
+        self._receiving = receiving
+        self._paused = paused
+
+    def footprint(self) -> float:
+        """Bytes held per request receiving now (at least a buffer's worth, MIN_FOOTPRINT)."""
+        return max(MIN_FOOTPRINT, self._in_use() / max(1, self._receiving()))
+
+    def cap(self) -> int:
+        """Requests allowed by memory now (at least one)."""
+        return max(1, int(self.budget // self.footprint()))
+
+    def queueing(self) -> bool:
+        """Bytes arrive faster than this host takes them: requests hold more than ``QUEUED_FOOTPRINT``
+        each, or at least ``QUEUED_PAUSED`` of the connections receiving are paused for their consumer."""
+        paused = self._paused()
+        if paused and paused >= QUEUED_PAUSED * max(1, self._receiving()):
+            return True
+        return self.footprint() > QUEUED_FOOTPRINT
 
 
 class ConcurrencyController:
@@ -96,12 +149,13 @@ class ConcurrencyController:
         full_request: the size of a full request in bytes; shorter requests are judged apart, by
             their seconds alone (their first-byte latency would look like a queue per byte).
         throttled: returns the number of throttled attempts so far (a counter that only grows).
+        memory: bounds the limit by the memory requests in flight hold (None: only ``ceiling`` does).
         clock: injectable for tests.
     """
 
     def __init__(self, ceiling: int, *, initial: int = INITIAL, full_request: int = 0,
-                 throttled: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic,
-                 slow_start: bool = True) -> None:
+                 throttled: Callable[[], int] = lambda: 0, memory: MemoryBound | None = None,
+                 clock: Callable[[], float] = time.monotonic, slow_start: bool = True) -> None:
         if ceiling < 1:
             raise ValueError(f"concurrency ceiling must be >= 1, got {ceiling}")
         self.ceiling = ceiling
@@ -110,10 +164,13 @@ class ConcurrencyController:
         self._floor = float(self.initial)
         self._full_request = full_request
         self._throttled = throttled
+        self._memory = memory
         self._clock = clock
         self._seen_throttles = throttled()
         self._cut_until = 0.0
         self._slow_start = slow_start
+        # one more request per block's worth of bytes, or per half a request if requests are smaller
+        self._slow_start_bytes = min(SLOW_START_BYTES, full_request / SLOW_START_GAIN) or SLOW_START_BYTES
         self._full = _Lane()  # requests of at least half the full size: seconds per byte
         self._short = _Lane()  # shorter ones (tails, single blocks, small objects): seconds
         self._duration = 0.0  # moving average of a request's seconds
@@ -130,7 +187,13 @@ class ConcurrencyController:
     @property
     def limit(self) -> int:
         """Requests to allow in flight now."""
-        return max(1, min(self.ceiling, int(self._limit)))
+        limit = min(self.ceiling, int(self._limit))
+        if self._memory is not None:
+            cap = self._memory.cap()
+            if cap < limit:
+                limit = cap
+                self._limit = min(self._limit, cap + 1.0)  # growth is not banked above what memory allows
+        return max(1, limit)
 
     @property
     def slow_start(self) -> bool:
@@ -166,7 +229,8 @@ class ConcurrencyController:
             elif saturated and not self._fed:  # (fed: it grew with the bytes already)
                 self._limit = min(float(self.ceiling), self._limit + SLOW_START_GAIN)
         if not self._slow_start:
-            target = self._limit * gradient + (math.sqrt(self._limit) if saturated else 0.0)
+            probe = saturated and not self._queueing()  # more requests would only queue on this host
+            target = self._limit * gradient + (math.sqrt(self._limit) if probe else 0.0)
             self._limit += SMOOTHING * (target - self._limit)
         self._limit = min(float(self.ceiling), max(self._floor, self._best_limit, self._limit))
         self.peak = max(self.peak, self.limit)
@@ -175,15 +239,21 @@ class ConcurrencyController:
     def count_bytes(self, nbytes: int, saturated: bool = False) -> int:
         """Count ``nbytes`` that just arrived (smoother than counting whole requests as they end); return the limit.
 
-        In slow start the growth then follows the bytes too (``SLOW_START_GAIN`` per full request's worth):
-        a request of several seconds starts paying for more of them with its first block, not its last.
+        In slow start the growth then follows the bytes too (one request per ``SLOW_START_BYTES``): a
+        request of several seconds starts paying for more of them with its first block, not its last.
         """
         self._fed = True
         self._count_bytes(self._clock(), nbytes)
-        if self._slow_start and saturated and self._full_request > 0:
-            self._limit = min(float(self.ceiling), self._limit + SLOW_START_GAIN * nbytes / self._full_request)
+        if self._slow_start and saturated:
+            if self._queueing():
+                self._slow_start = False  # the bottleneck is this host: more requests would only queue
+            else:
+                self._limit = min(float(self.ceiling), self._limit + nbytes / self._slow_start_bytes)
             self.peak = max(self.peak, self.limit)
         return self.limit
+
+    def _queueing(self) -> bool:
+        return self._memory is not None and self._memory.queueing()
 
     def on_throttle(self) -> int:
         """Look for new throttled attempts now (a request is still waiting out its backoff); return the limit."""

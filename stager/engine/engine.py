@@ -36,8 +36,9 @@ from ..errors import CacheError, DiskFull
 from ..hashing import block_range
 from ..manifest import Manifest
 from ..store import OriginStats
+from ..store.held import held_bytes, paused_connections, receiving_requests
 from .dataset import BlobRef, Dataset
-from .concurrency import ConcurrencyController, memory_ceiling
+from .concurrency import MEMORY_BUDGET, ConcurrencyController, MemoryBound
 from .context import FetchContext
 from .disk_threads import DiskThreads
 from .job import BlobJob
@@ -59,9 +60,9 @@ class Engine(AsyncClosing):
         self.config = config
         self.origin_stats = OriginStats()
         self.concurrency = ConcurrencyController(
-            memory_ceiling(config.concurrency, config.request_bytes), full_request=config.request_bytes,
-            throttled=lambda: self.origin_stats.throttled)
-        self.gate = PriorityGate(self.concurrency.limit, controller=self.concurrency)
+            config.concurrency, full_request=config.request_bytes, throttled=lambda: self.origin_stats.throttled,
+            memory=MemoryBound(MEMORY_BUDGET, held_bytes, receiving_requests, paused_connections))
+        self.gate = PriorityGate(self.concurrency.initial, controller=self.concurrency)
         self.stats = EngineStats(gauges=self._gauges)
         self._block_listeners: list[Callable[[BlobRef, int], None]] = [self._count_for_concurrency]
         #: What the engine's jobs, plans and span fetches are given of it.

@@ -37,7 +37,7 @@ class PriorityGate:
 
     def __init__(self, limit: int, controller: "ConcurrencyController | None" = None) -> None:
         self.controller = controller
-        self._limit = controller.limit if controller is not None else limit
+        self._limit = controller.initial if controller is not None else limit
         self._holders = 0
         self._waiters: list[tuple[float, int, asyncio.Future[None], object]] = []
         self._arrivals = itertools.count()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Mapping
 from ..aio import to_the_end
 from ..errors import InvalidPath, InvalidRange, OriginError, ShardNotFound, UnsupportedOperation
 from ..paths import BAD_PATH_PROBLEM, is_safe_path
+from .held import holding
 
 if TYPE_CHECKING:
     from .bandwidth import BandwidthLimiter
@@ -280,7 +281,8 @@ class Store(abc.ABC):
             As :meth:`read_range`; and whatever the sink raises other than CorruptData.
         """
         async def deliver(data: bytes) -> None:
-            await feed_sink(open_sink(), _one_chunk(data))
+            with holding(len(data)):
+                await feed_sink(open_sink(), _one_chunk(data))
 
         await self.read_range(path, start, end, check=deliver)
 

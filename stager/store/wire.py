@@ -34,9 +34,12 @@ import asyncio
 import mmap
 import socket
 import sys
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urljoin, urlsplit
+
+from . import held
 
 if TYPE_CHECKING:
     import ssl
@@ -354,12 +357,17 @@ class BufferPool:
     else, holds it. A new buffer would cost as much as the receiving itself:
     the kernel hands back fresh pages, zeroed and faulted in one by one.
     Buffers are anonymous memory maps, so they start on a page boundary.
+
+    Each pool registers with :mod:`.held`, which tells what every pool of the
+    process holds in buffers that something still refers to: the memory that
+    requests in flight cost, which the engine keeps within a budget.
     """
 
     def __init__(self, size: int = RECV_BUFFER, keep: int = 64) -> None:
         self.size = size
         self._keep = keep
         self._buffers: deque[mmap.mmap] = deque()
+        held.register_pool(self)
 
     def take(self) -> mmap.mmap:
         buffers = self._buffers
@@ -371,7 +379,15 @@ class BufferPool:
         buffer = mmap.mmap(-1, self.size)
         if len(buffers) < self._keep:
             buffers.append(buffer)
+        else:  # not kept: alive only while a view of it is
+            held.BYTES.grow(self.size)
+            weakref.finalize(buffer, held.BYTES.grow, -self.size)
         return buffer
+
+    def bytes_in_use(self) -> int:
+        """Bytes of the kept buffers that something refers to (a connection filling it, or views)."""
+        # getrefcount's own argument and the loop variable hold it too, besides the deque
+        return self.size * sum(1 for buffer in self._buffers if sys.getrefcount(buffer) > 3)
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -394,6 +410,13 @@ class _Connection(asyncio.BufferedProtocol):
         if self._response is response:
             self._response = None
 
+    def let_go_of_buffer(self) -> None:
+        """Idle: stop pinning the receive buffer (what is left of it goes back with the views' end)."""
+        if self._buffer:
+            held.RECEIVING.grow(-1)
+        self._buffer = bytearray()
+        self._filled = 0
+
     # -- asyncio protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -409,6 +432,8 @@ class _Connection(asyncio.BufferedProtocol):
         skip = (body_offset - self._filled) % PAGE if body_offset is not None else 0
         if len(self._buffer) - self._filled - skip < MIN_RECV:
             # Never the rest of a buffer given up: views of what it holds may still be kept.
+            if not self._buffer:
+                held.RECEIVING.grow(1)
             self._buffer = self._pool.take()
             self._filled = 0
             skip = body_offset % PAGE if body_offset is not None else 0
@@ -434,6 +459,10 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.let_go_of_buffer()
+        if self._paused:
+            self._paused = False
+            held.PAUSED.grow(-1)
         if self._response is not None:
             if exc is None:
                 self._response.ended_by_close()
@@ -468,11 +497,13 @@ class _Connection(asyncio.BufferedProtocol):
     def pause(self) -> None:
         if not self._paused and self.transport is not None and not self.closed:
             self._paused = True
+            held.PAUSED.grow(1)
             self.transport.pause_reading()
 
     def resume(self) -> None:
         if self._paused and self.transport is not None and not self.closed:
             self._paused = False
+            held.PAUSED.grow(-1)
             self.transport.resume_reading()
 
     def close(self) -> None:
@@ -557,6 +588,7 @@ class WireSession:
         if self.closed or connection.closed or len(pool) >= self._limit:
             connection.close()
         else:
+            connection.let_go_of_buffer()
             pool.append(connection)
 
     def _ssl_context(self) -> ssl.SSLContext:

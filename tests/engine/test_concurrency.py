@@ -13,13 +13,14 @@ import pytest
 from stager.cache import CacheTier
 from stager.config import CacheConfig, FetchConfig, RetryConfig, SourceConfig
 from stager.engine import Engine, PriorityGate
-from stager.engine.concurrency import INITIAL, ConcurrencyController, memory_ceiling
+from stager.engine.concurrency import INITIAL, QUEUED_FOOTPRINT, ConcurrencyController, MemoryBound
 from stager.loopback.fault_plan import FaultPlan
 
 from .corpus import BLOCK, assert_cache_matches, make_corpus
 
 pytestmark = pytest.mark.timeout(120)
 
+MiB = 1 << 20
 FAST_RETRY = RetryConfig(attempts=200, backoff_base=0.01, backoff_max=0.2, deadline=60, request_timeout=10)
 
 
@@ -88,8 +89,8 @@ def test_slow_start_grows_with_the_bytes_of_requests_still_in_flight():
     controller = ConcurrencyController(256, full_request=8 << 20, clock=FakeClock())
     for _ in range(16 * 4):  # a quarter of each of the first 16 requests has arrived, none has ended
         controller.count_bytes(512 << 10, saturated=True)
-    assert controller.limit == 16 + 2 * 4  # two more per full request's worth of bytes
-    assert controller.count_bytes(1 << 20, saturated=False) == 24  # not saturated: no reason to grow
+    assert controller.limit == 16 + 32  # one more per MiB arrived: doubled once each delivered a MiB
+    assert controller.count_bytes(1 << 20, saturated=False) == 48  # not saturated: no reason to grow
 
 
 def test_short_requests_do_not_count_as_latency():
@@ -121,11 +122,58 @@ def test_throttling_halves_the_limit_once_per_round_trip_and_may_go_below_the_st
     assert controller.throttle_cuts == 3 and not controller.slow_start
 
 
-def test_memory_bounds_the_ceiling():
-    assert memory_ceiling(256, 8 << 20, budget=256 << 20) == 64
-    assert memory_ceiling(256, 128 << 10, budget=256 << 20) == 256  # small requests hold less
-    assert memory_ceiling(8, 8 << 20) == 8
-    assert memory_ceiling(4096, 1 << 30, budget=1 << 20) == 1
+
+def test_memory_allows_requests_by_what_each_holds_now():
+    held, receiving = 0, 0
+    bound = MemoryBound(192 * MiB, in_use=lambda: held, receiving=lambda: receiving)
+    assert bound.cap() == 192  # nothing measured: each taken to hold its receive buffer
+    held, receiving = 130 * MiB, 100  # a link capped per connection: about a buffer each
+    assert bound.cap() == 147 and not bound.queueing()
+    held, receiving = 150 * MiB, 30  # loopback: answers queue for the disk, five MiB each
+    assert bound.cap() == 38 and bound.queueing()
+    held, receiving = 4000 * MiB, 10
+    assert bound.cap() == 1
+
+
+def test_the_limit_stays_within_memory_and_slow_start_ends_once_bytes_queue_here():
+    held, receiving = 0, 0
+    bound = MemoryBound(64 * MiB, in_use=lambda: held, receiving=lambda: receiving)
+    controller = ConcurrencyController(256, full_request=8 * MiB, memory=bound, clock=FakeClock())
+    for _ in range(200):  # each request holds its buffer and a little: slow start runs into the memory bound
+        receiving = controller.limit
+        held = int(receiving * 1.5 * MiB)
+        controller.count_bytes(MiB, saturated=True)
+        assert controller.limit <= 43  # 64 MiB / 1.5 MiB
+    assert controller.limit == 42 and controller.slow_start
+    receiving, held = 40, 40 * (QUEUED_FOOTPRINT + MiB)  # now bytes arrive faster than they are written
+    controller.count_bytes(MiB, saturated=True)
+    assert not controller.slow_start and controller.limit == 21
+
+
+def test_probing_upwards_waits_while_bytes_queue_on_this_host():
+    footprint = 3 * MiB  # bytes arrive faster than this host writes them
+    bound = MemoryBound(4096 * MiB, in_use=lambda: 20 * footprint, receiving=lambda: 20)
+    controller = ConcurrencyController(256, full_request=8 * MiB, memory=bound, clock=FakeClock())
+    controller.count_bytes(4 * MiB, saturated=True)
+    assert not controller.slow_start
+    for _ in range(50):  # requests keep their speed: probing would add some...
+        controller.on_done(0.1, 8 * MiB, saturated=True)
+    assert controller.limit == INITIAL  # ...but not while they queue here (memory would allow 1365)
+    footprint = MiB  # the queue drained
+    for _ in range(50):
+        controller.on_done(0.1, 8 * MiB, saturated=True)
+    assert controller.limit > 3 * INITIAL
+
+
+def test_connections_paused_for_their_consumer_end_slow_start():
+    paused = 0
+    bound = MemoryBound(192 * MiB, in_use=lambda: 20 * MiB, receiving=lambda: 16, paused=lambda: paused)
+    controller = ConcurrencyController(256, full_request=8 * MiB, memory=bound, clock=FakeClock())
+    controller.count_bytes(4 * MiB, saturated=True)
+    assert controller.slow_start and controller.limit == 20
+    paused = 4  # a quarter of those receiving: their answers wait for this host
+    controller.count_bytes(4 * MiB, saturated=True)
+    assert not controller.slow_start and controller.limit == 20
 
 
 async def test_urgent_waiters_enter_first_while_the_controller_moves_the_limit():

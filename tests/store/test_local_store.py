@@ -13,7 +13,8 @@ import xxhash
 from stager.config import RetryConfig
 from stager.errors import CorruptData, OriginChanged, OriginUnavailable, ShardNotFound
 from stager.store import local_store
-from stager.store.base import InvalidPath, InvalidRange
+from stager.store.base import InvalidPath, InvalidRange, RangeSink
+from stager.store.held import held_bytes, receiving_requests
 from stager.store.local_store import TMP_MARKER, LocalStore, path_from_url
 from stager.store.options import StoreOptions
 
@@ -80,6 +81,28 @@ async def test_range_reads_are_exact_at_the_edges(store: LocalStore):
     assert await store.read_range("x.bin", 100, 777) == data[100:777]
     assert await store.read_range("x.bin", 0, len(data)) == data
     assert await store.read("x.bin") == data
+
+
+async def test_a_body_handed_over_whole_counts_as_held_while_its_sink_has_it(store: LocalStore):
+    """What the engine's memory bound reads for stores that do not stream: the body, while it is written."""
+    data = os.urandom(3 << 20)
+    put(store, "x.bin", data)
+    base_bytes, base_receiving = held_bytes(), receiving_requests()
+    seen: list[tuple[int, int]] = []
+
+    class Sink(RangeSink):
+        async def write(self, chunk: bytes) -> None:
+            seen.append((held_bytes() - base_bytes, receiving_requests() - base_receiving))
+
+        async def close(self) -> None:
+            """Nothing to finish: the test keeps only what write saw."""
+
+        async def abort(self) -> None:
+            """As close."""
+
+    await store.read_range_into("x.bin", 0, len(data), Sink)
+    assert seen == [(len(data), 1)]
+    assert (held_bytes() - base_bytes, receiving_requests() - base_receiving) == (0, 0)
 
 
 @pytest.mark.parametrize(("start", "end"), [(1020, 1025), (1024, 1025), (2000, 3000), (5, 4), (-1, 3)])

@@ -15,7 +15,8 @@ import uvloop
 
 from stager.errors import OriginError, TransientOriginError
 from stager.store.translate import origin_error
-from stager.store.wire import HEAD_RECV, HIGH_WATER, PAGE, RECV_BUFFER, ProtocolError, RedirectLoop, WireSession
+from stager.store.held import held_bytes, paused_connections, receiving_requests
+from stager.store.wire import HEAD_RECV, HIGH_WATER, PAGE, RECV_BUFFER, BufferPool, ProtocolError, RedirectLoop, WireSession
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -323,6 +324,52 @@ async def test_body_bytes_are_placed_congruent_to_their_offset_for_direct_writes
             await session.close()
 
 
+async def test_receive_buffers_count_as_in_use_while_an_answer_or_a_view_of_it_holds_them():
+    """What the engine's memory bound reads: the buffers a request or its kept views hold, and who receives."""
+    bodies = [os.urandom(3 * RECV_BUFFER + 4321) for _ in range(2)]
+
+    async def handler(reader, writer, n):
+        for body in bodies:
+            await read_request(reader)
+            writer.write(answer(body))
+            await writer.drain()
+
+    base_bytes, base_receiving = held_bytes(), receiving_requests()
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            kept: list[memoryview] = []
+            async with session.get(server.url) as resp:
+                while chunk := (await resp.readchunk())[0]:
+                    kept.append(chunk)
+                assert receiving_requests() - base_receiving == 1
+            assert b"".join(kept) == bodies[0]
+            # idle now: the connection let go of its buffer, the views still hold all four
+            assert receiving_requests() - base_receiving == 0
+            assert held_bytes() - base_bytes == 4 * RECV_BUFFER
+            kept.clear()
+            assert held_bytes() - base_bytes == 0
+            status, body = await get_body(session, server.url)  # the same buffers serve the next answer
+            assert (status, body) == (200, bodies[1])
+            assert held_bytes() - base_bytes == 0 and receiving_requests() - base_receiving == 0
+        finally:
+            await session.close()
+
+
+def test_buffers_beyond_those_kept_count_until_their_last_view_goes():
+    pool = BufferPool(size=RECV_BUFFER, keep=1)
+    base = held_bytes()
+    kept, spare = pool.take(), pool.take()
+    view = memoryview(spare)[:10]
+    del spare
+    assert held_bytes() - base == 2 * RECV_BUFFER  # the kept one (held here) and the view's
+    view.release()
+    del view
+    assert held_bytes() - base == RECV_BUFFER
+    del kept
+    assert held_bytes() - base == 0
+
+
 async def test_a_slow_reader_pauses_the_socket_instead_of_buffering_the_body():
     body = os.urandom(64 << 20)
 
@@ -334,13 +381,16 @@ async def test_a_slow_reader_pauses_the_socket_instead_of_buffering_the_body():
     async with RawServer(handler) as server:
         session = WireSession(1)
         try:
+            base_paused = paused_connections()
             async with session.get(server.url) as resp:
                 await asyncio.sleep(0.5)  # nothing taken: receiving must stop near the high-water mark
                 assert resp._queued <= HIGH_WATER + RECV_BUFFER
+                assert paused_connections() - base_paused == 1  # what tells the engine this host is the bottleneck
                 got = bytearray()
                 while chunk := (await resp.readchunk())[0]:
                     got += chunk
             assert bytes(got) == body
+            assert paused_connections() - base_paused == 0
         finally:
             await session.close()
 
