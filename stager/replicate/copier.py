@@ -3,8 +3,9 @@
 Bytes stream through memory, never through a local file: an object no larger
 than a part is one ranged read and one ``write``; a larger one is cut into
 parts of a whole number of manifest blocks (at least S3's 5 MiB minimum, at
-most 10,000 parts), each read with one ranged GET and sent with
-``Upload.write_part``, many parts at once. Every read is checked inside the
+most 10,000 parts), each read as a few ranged GETs of whole blocks at once
+(a store caps each connection) and sent with ``Upload.write_part``, many
+parts at once. Every read is checked inside the
 store's retry loop (``read_range(..., check=...)``): each block's xxh3-64 must
 match the manifest, so a short, corrupted or substituted body is retried and
 never reaches the destination. A small object is also checked whole
@@ -63,6 +64,11 @@ MIN_PART_SIZE = 5 * MiB
 DEFAULT_PART_SIZE = 8 * MiB
 #: Parts held at once at the start (see the module's docstring); the number grows while it brings throughput.
 INITIAL_HELD_PARTS = 2
+#: A part is read as up to this many ranged GETs at once, each of whole blocks (one block each for 8 MiB
+#: parts of 1 MiB blocks): an object store caps each connection (a few MB/s to tens), and the parts held
+#: are bounded by memory, so one GET per part would hold the copy to (parts held) x (one connection's
+#: rate). The bytes are received straight into the part's buffer, so more GETs cost no more memory.
+READS_PER_PART = 8
 
 
 @contextmanager
@@ -136,7 +142,7 @@ class Copier:
         self.copy_enabled = copy
         self._before_change = before_change
         self._buffers = _BufferPool()
-        self.read_gate = _adaptive_gate(src, concurrency, self.part_size)
+        self.read_gate = _adaptive_gate(src, concurrency, _length(self._pieces(0, self.part_size)[0]))
         self.write_gate = _adaptive_gate(dst, concurrency, self.part_size)
         held = max(1, min(budget.capacity // self.part_size, concurrency or budget.capacity))
         self.part_gate = PriorityGate(1, controller=ConcurrencyController(
@@ -200,12 +206,31 @@ class Copier:
             return await self.src.read_range(item.path, start, end, check=self._checker(item, start))
 
     async def _read_into(self, buffer: bytearray, item: PlanItem, start: int, end: int) -> memoryview:
-        """As :meth:`_read`, into ``buffer`` (reused from part to part: no fresh pages to fault in)."""
+        """As :meth:`_read`, into ``buffer`` (reused from part to part: no fresh pages to fault in), as
+        ranged GETs of whole blocks at once (:data:`READS_PER_PART`), each verified and retried alone."""
         view = memoryview(buffer)[:end - start]
+        pieces = self._pieces(start, end)
+        if len(pieces) == 1:
+            await self._read_piece(view, item, start, end)
+            return view
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for first, last in pieces:
+                    tg.create_task(self._read_piece(view[first - start:last - start], item, first, last))
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+        return view
+
+    async def _read_piece(self, view: memoryview, item: PlanItem, start: int, end: int) -> None:
         check = self._checker(item, start)
         async with self.read_gate.slot(nbytes=end - start):
             await self.src.read_range_into(item.path, start, end, lambda: _BufferSink(view, check))
-        return view
+
+    def _pieces(self, start: int, end: int) -> list[tuple[int, int]]:
+        """``[start, end)`` (``start`` on a block boundary) cut into up to READS_PER_PART runs of whole blocks."""
+        blocks = -(-(end - start) // self.block_size)
+        per_piece = -(-blocks // min(READS_PER_PART, blocks)) * self.block_size
+        return [(at, min(at + per_piece, end)) for at in range(start, end, per_piece)]
 
     # -- small objects -----------------------------------------------------------------
 
@@ -332,18 +357,22 @@ class Copier:
 
 
 class _BufferSink(RangeSink):
-    """One attempt at a part, copied into a reused buffer as it arrives, its blocks checked at the end."""
+    """One attempt at a part, received into (or copied into) a reused buffer, its blocks checked at the end."""
 
     def __init__(self, view: memoryview, check: Callable[[bytes], None]) -> None:
         self._view = view
         self._check = check
         self._filled = 0
 
+    def receive_into(self) -> memoryview:
+        return self._view  # an HTTP store receives straight into the part's buffer: no buffer of its own, no copy
+
     async def write(self, chunk: bytes) -> None:
         end = self._filled + len(chunk)
         if end > len(self._view):  # the store checks lengths; never write past the part
             raise CorruptData(f"a body longer than its {len(self._view)}-byte range")
-        self._view[self._filled:end] = chunk
+        if not (isinstance(chunk, memoryview) and chunk.obj is self._view.obj):  # else received in place
+            self._view[self._filled:end] = chunk
         self._filled = end
 
     async def close(self) -> None:
@@ -394,6 +423,10 @@ class _BufferPool:
     def give_back(self, buffer: bytearray) -> None:
         if len(self._idle) < self.KEEP:
             self._idle.append(buffer)
+
+
+def _length(span: tuple[int, int]) -> int:
+    return span[1] - span[0]
 
 
 def _adaptive_gate(store: Store, concurrency: int | None, full_request: int) -> PriorityGate:

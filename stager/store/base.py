@@ -57,6 +57,17 @@ class RangeSink(abc.ABC):
     async def abort(self) -> None:
         """The attempt failed: settle whatever is in progress; the bytes written count for nothing."""
 
+    def receive_into(self) -> memoryview | None:
+        """Memory of the sink's own, as long as the range, that its bytes may be received straight into.
+
+        A sink that copies what it is given into memory of its own may offer
+        it: an HTTP store then receives the body there, without a buffer of
+        its own or a copy, and :meth:`write` is given views of that memory
+        at their place (a sink can tell them by ``chunk.obj``). None (the
+        default): bytes arrive in the store's buffers.
+        """
+        return None
+
 
 async def feed_sink(sink: RangeSink, chunks: AsyncIterator[bytes]) -> None:
     """Write ``chunks`` into ``sink`` and close it; on any failure or cancellation, abort it first."""

@@ -77,10 +77,16 @@ async def stream_range(session: WireSession, url: str, headers: Mapping[str, str
 
     The sink is opened once the answer's status is known good, and aborted if
     the body turns out wrong (see :func:`~stager.store.range_body.range_chunks`).
+    A sink that offers memory of its own (:meth:`RangeSink.receive_into`) has
+    the body received straight into it.
     """
     async with _good_answer(session, url, headers, what, allow_redirects) as resp:
+        opened = sink()
+        target = opened.receive_into()
+        if target is not None and resp.content_length == end - start == len(target):
+            resp.receive_into(target)  # (range_chunks still checks the headers before the first chunk)
         async with contextlib.aclosing(range_chunks(resp, start, end, what, stats)) as chunks:
-            await feed_sink(sink(), chunks)
+            await feed_sink(opened, chunks)
 
 
 async def fetch_all(

@@ -112,6 +112,7 @@ class Response:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._head_done = asyncio.get_running_loop().create_future()
+        self.target: memoryview | None = None  # where the rest of a body of known length is received
 
     @property
     def done(self) -> bool:
@@ -167,6 +168,12 @@ class Response:
             self._connection.resume()
         return entry
 
+    def receive_into(self, target: memoryview) -> None:
+        """Receive the rest of this body of known length straight into ``target`` (as long as the body):
+        body byte ``k`` lands at ``target[k]``, and the chunks taken are views of ``target``."""
+        if self._state == _LENGTH and self.content_length == len(target):
+            self.target = memoryview(target).cast("B")
+
     def close(self) -> None:
         """Drop the connection: the rest of the body is not wanted."""
         self.reusable = False
@@ -186,7 +193,7 @@ class Response:
     def awaiting_head(self) -> bool:
         return self._state == _HEAD
 
-    def feed(self, buffer: mmap.mmap, pos: int, end: int) -> None:
+    def feed(self, buffer: mmap.mmap | memoryview, pos: int, end: int) -> None:
         """Parse ``buffer[pos:end]``, just received."""
         self.started = True
         try:
@@ -301,7 +308,7 @@ class Response:
             self._finish()
         return stop
 
-    def _push(self, buffer: mmap.mmap, start: int, end: int) -> None:
+    def _push(self, buffer: mmap.mmap | memoryview, start: int, end: int) -> None:
         if start == end:
             return
         last = self._chunks[-1] if self._chunks else None
@@ -399,6 +406,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.closed = False
         self._buffer: mmap.mmap | bytearray = bytearray()
         self._filled = 0
+        self._into: memoryview | None = None  # the last get_buffer gave this view of an answer's target
         self._response: Response | None = None
         self._paused = False
         self._writable: asyncio.Future[None] | None = None
@@ -428,6 +436,10 @@ class _Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         response = self._response
         body_offset = response.body_offset if response is not None else None
+        if body_offset is not None and response.target is not None:  # type: ignore[union-attr]
+            self.let_go_of_buffer()  # what it holds stays alive while queued views of it do
+            self._into = response.target[body_offset:]  # type: ignore[union-attr]
+            return self._into
         # Bytes skipped so that body byte k lands at an address congruent to k modulo PAGE.
         skip = (body_offset - self._filled) % PAGE if body_offset is not None else 0
         if len(self._buffer) - self._filled - skip < MIN_RECV:
@@ -444,6 +456,12 @@ class _Connection(asyncio.BufferedProtocol):
         return view
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._into is not None:  # into the answer's own target, at the body's offset
+            assert self._response is not None and self._response.target is not None
+            start = len(self._response.target) - len(self._into)
+            self._into = None
+            self._response.feed(self._response.target, start, start + nbytes)
+            return
         start = self._filled
         self._filled += nbytes
         if self._response is None:  # bytes nobody asked for: this connection cannot be trusted

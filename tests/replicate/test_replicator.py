@@ -253,3 +253,19 @@ async def test_reads_follow_a_source_that_caps_each_connection(http_origin, faul
     assert reads.peak >= 4 * reads.initial  # from 16 to 64 and more, as each request kept its speed
     assert proxy.peak_in_flight >= 4 * reads.initial  # on the wire, not only the controller's number
     assert summary["concurrency_peak"]["source"] >= 4 * reads.initial
+
+
+async def test_a_part_is_read_as_ranged_gets_of_whole_blocks_at_once(clusters, fault_proxy, tmp_path):
+    # a source that caps each connection: one GET per part would hold the copy to (parts held) x (its rate)
+    a, b = clusters
+    files = mixed_files(seed=40, large=(10 * MiB,), small=0)
+    write_dataset(a.root / "ds", files)  # 1 MiB blocks: parts of 5 MiB, each read as five GETs
+    proxy = fault_proxy(a.server, FaultPlan(latency_s=0.02, connection_bps=4_000_000, path_contains="/big-",
+                                            methods=("GET",)))
+    replicator = Replicator(config(a.source("ds", proxy.url), b.source("copy"), tmp_path))
+    summary = await replicator.run()
+    assert summary["failed"] == 0 and summary["manifest_published"]
+    assert_replica(a.root / "ds", b.root / "copy")
+    assert proxy.stats().requests >= 10  # a GET per block of the two parts
+    held = summary["concurrency_peak"]["parts_held"]
+    assert proxy.peak_in_flight > held  # more GETs in flight than parts: each part's blocks at once

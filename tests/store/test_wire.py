@@ -356,6 +356,36 @@ async def test_receive_buffers_count_as_in_use_while_an_answer_or_a_view_of_it_h
             await session.close()
 
 
+async def test_a_body_received_into_the_consumers_memory_lands_in_place_and_holds_no_buffer():
+    body = os.urandom(3 * RECV_BUFFER + 777)
+
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the body after the head, as from an object store
+        for at in range(0, len(body), 100_000):
+            writer.write(body[at:at + 100_000])
+            await writer.drain()
+
+    target = bytearray(len(body))
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            async with session.get(server.url) as resp:
+                resp.receive_into(memoryview(target))
+                base_bytes = held_bytes()
+                in_place = 0
+                while chunk := (await resp.readchunk())[0]:
+                    if chunk.obj is target:
+                        in_place += len(chunk)
+                    assert held_bytes() <= base_bytes  # no receive buffer taken for the body
+            assert bytes(target) == body
+            assert in_place == len(body)  # every byte arrived where it belongs: nothing to copy
+        finally:
+            await session.close()
+
+
 def test_buffers_beyond_those_kept_count_until_their_last_view_goes():
     pool = BufferPool(size=RECV_BUFFER, keep=1)
     base = held_bytes()
