@@ -18,6 +18,13 @@ copy; their times are added).
 Last, stager's peak RSS on 10,000 vs 100,000 tiny objects, which should not
 grow with the object count (the plan lives in sqlite on disk).
 
+With ``--grid``, instead: the origin-profile grid. 1 GiB in 32 MiB objects
+copied with each tool's defaults or tuning, the source behind each profile of
+``stager.loopback.profiles`` in turn (loopback; 40 ms and 8 MB/s per
+connection; 100 ms and 2 MB/s per connection; SlowDown above 300 requests/s),
+the destination straight; every copy verified; stager's ratio to the best
+peer per profile.
+
 With ``--resume``, instead: the waste of a resumed copy. stager and rclone
 each copy 1 GiB in 32 MiB objects through a proxy in front of the source that
 counts the bytes it forwards; each is killed (SIGKILL) once 40% of the
@@ -26,7 +33,7 @@ beyond the dataset's size is what the kill cost (bytes read twice), as a
 fraction of the dataset.
 
 Run: ``make bench && .venv/bin/python benchmarks/replicate.py [--gib 1] [--small 10000] [--rss 10000,100000]``
-(or ``--resume [--object-mib 32] [--kill-at 0.4]``)
+(or ``--resume [--object-mib 32] [--kill-at 0.4]``, or ``--grid [--gib 1] [--object-mib 32] [--rounds 1]``)
 """
 
 from __future__ import annotations
@@ -48,9 +55,10 @@ import xxhash
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Run, machine, precompile_stager, s5cmd_binary, table, timed, tool
 
+from stager.config import DEFAULT_BLOCK_SIZE
 from stager.hashing import StreamHasher
 from stager.manifest import MANIFEST_PATH, Manifest, ShardEntry, encode_manifest
-from stager.testing import FaultPlan, FaultProxy, S3Server
+from stager.testing import PROFILES, FaultPlan, FaultProxy, S3Server, object_store_plan
 
 MiB = 1 << 20
 BLOCK = 8 * MiB
@@ -65,7 +73,7 @@ def server_cpu(*servers: S3Server) -> float:
     return sum(sum(psutil.Process(s.pid).cpu_times()[:2]) for s in servers)
 
 
-def write_dataset(root: Path, sizes: list[int], prefix: str, seed: int) -> Manifest:
+def write_dataset(root: Path, sizes: list[int], prefix: str, seed: int, block: int = BLOCK) -> Manifest:
     """Random objects of ``sizes`` under ``root`` and their manifest (written straight to the server's disk)."""
     rng = np.random.default_rng(seed)
     entries = []
@@ -75,11 +83,11 @@ def write_dataset(root: Path, sizes: list[int], prefix: str, seed: int) -> Manif
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        hasher = StreamHasher(BLOCK)
+        hasher = StreamHasher(block)
         hasher.update(data)
         digest, blocks = hasher.finish()
         entries.append(ShardEntry(name, size, digest, tuple(blocks)))
-    manifest = Manifest.from_entries(entries, BLOCK)
+    manifest = Manifest.from_entries(entries, block)
     (root / MANIFEST_PATH).parent.mkdir(parents=True, exist_ok=True)
     (root / MANIFEST_PATH).write_bytes(encode_manifest(manifest))
     return manifest
@@ -259,6 +267,63 @@ def resume_runs(bench: Bench, args: argparse.Namespace) -> None:
         print(f"  {name}: {' '.join(argv)}")
 
 
+def grid_runs(bench: Bench, args: argparse.Namespace) -> None:
+    """stager (defaults), rclone (tuned) and s5cmd (tuned, via local disk) with the source behind each profile."""
+    src = bench.src
+    count = max(1, int(args.gib * 1024 / args.object_mib))
+    # blocks of the default size, as `stager index` makes them
+    manifest = write_dataset(src.root / "src" / "grid", [args.object_mib * MiB] * count, "g", seed=11,
+                             block=DEFAULT_BLOCK_SIZE)
+    print(f"dataset: {count} x {args.object_mib} MiB = {manifest.total_bytes / 2**30:.2f} GiB "
+          f"({DEFAULT_BLOCK_SIZE // MiB} MiB blocks); {args.rounds} round(s), the median kept")
+    headers = ["tool", "wall s", "MB/s", "client CPU s", "peak RSS MB", "verifies", "speed vs best peer"]
+    summary = []
+    for name, (description, _) in PROFILES.items():
+        plan = object_store_plan(name)
+        with FaultProxy(src.endpoint_url, plan, seed=5, credentials=src.credentials) as proxy:
+            # loopback goes straight to the server: the proxy is Python on the same cores, a ceiling of its own
+            src_url = proxy.url if name != "loopback" else src.endpoint_url
+            runs: dict[str, list[tuple[Run, bool]]] = {}
+            tools = ("stager", "rclone", "s5cmd")
+            for turn in range(args.rounds):
+                for i in range(len(tools)):
+                    tool_name = tools[(turn + i) % len(tools)]
+                    target = f"grid-{name}-{tool_name}"
+                    run = getattr(bench, tool_name)("grid", src_url, bench.dst.endpoint_url, target)
+                    if run is None:
+                        continue
+                    ok = run.returncode == 0 and verify(bench.dst.root / "dst" / target, manifest)
+                    runs.setdefault(tool_name, []).append((run, ok))
+                    shutil.rmtree(bench.dst.root / "dst" / target, ignore_errors=True)
+                    if tool_name == "stager":
+                        _account(run)
+        medians = {t: (sorted(r, key=lambda x: x[0].seconds)[len(r) // 2][0], all(ok for _, ok in r))
+                   for t, r in runs.items()}
+        best = min((run.seconds for t, (run, ok) in medians.items() if t != "stager" and ok), default=None)
+        rows = [[run.name, f"{run.seconds:.2f}", f"{manifest.total_bytes / 1e6 / run.seconds:.0f}",
+                 f"{run.cpu_seconds:.1f}", f"{run.peak_rss_mb:.0f}", "yes" if ok else f"NO (exit {run.returncode})",
+                 f"{best / run.seconds:.2f}x" if best and ok else "-"] for run, ok in medians.values()]
+        print(f"\n## profile {name}: {description}\n")
+        print(table(rows, headers))
+        print(f"proxy answers: {json.dumps(proxy.faults)}")
+        stager_run, stager_ok = medians["stager"]
+        summary.append([name, f"{stager_run.seconds:.2f}", f"{best:.2f}" if best else "-",
+                        f"{best / stager_run.seconds:.2f}x" if best and stager_ok else "-",
+                        f"{stager_run.peak_rss_mb:.0f}", "yes" if all(ok for _, ok in medians.values()) else "NO"])
+    print("\n## stager replicate (defaults) vs the best peer, per profile of the source\n")
+    print(table(summary, ["profile", "stager s", "best peer s", "ratio", "stager peak RSS MB", "all verify"]))
+    print("\ncommands: stager replicate s3://src/grid s3://dst/... -s endpoint_url=... -d endpoint_url=... "
+          "--state-dir ... --json (no tuning); rclone and s5cmd as in Bench.rclone and Bench.s5cmd")
+
+
+def _account(run: Run) -> None:
+    try:
+        summary = json.loads(run.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return
+    print(f"stager's own account: {json.dumps({k: summary.get(k) for k in ('seconds', 'retries', 'concurrency_peak')})}")
+
+
 def rss_runs(bench: Bench, counts: list[int]) -> list[list[str]]:
     rows = []
     for count in counts:
@@ -284,6 +349,8 @@ def main() -> None:
     parser.add_argument("--no-faults", action="store_true", help="skip the runs through the fault proxy")
     parser.add_argument("--only-rss", action="store_true", help="only the peak-RSS runs")
     parser.add_argument("--resume", action="store_true", help="only the resume runs (killed, then run again)")
+    parser.add_argument("--grid", action="store_true", help="only the origin-profile grid")
+    parser.add_argument("--rounds", type=int, default=1, help="with --grid: runs of each tool per profile (median)")
     parser.add_argument("--kill-at", type=float, default=0.4, help="fraction of the dataset read before the kill")
     parser.add_argument("--stager-args", default="", help="extra options of stager replicate in the resume runs")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
@@ -295,7 +362,8 @@ def main() -> None:
     print(f"reproduce: .venv/bin/python benchmarks/replicate.py --gib {args.gib} --object-mib {args.object_mib} "
           f"--small {args.small} --rss {args.rss}" + (" --no-faults" if args.no_faults else "")
           + (" --only-rss" if args.only_rss else "") + (f" --resume --kill-at {args.kill_at}" if args.resume else "")
-          + (f" --stager-args '{args.stager_args}'" if args.stager_args else ""))
+          + (f" --stager-args '{args.stager_args}'" if args.stager_args else "")
+          + (f" --grid --rounds {args.rounds}" if args.grid else ""))
     began = time.monotonic()
     src = S3Server(work / "a" / "root", access_key="benchsrc" + "a" * 8, secret_key="srcsecret" + "s" * 16,
                    etag_hash="")
@@ -307,6 +375,9 @@ def main() -> None:
         bench = Bench(work, src, dst)
         if args.resume:
             resume_runs(bench, args)
+            return
+        if args.grid:
+            grid_runs(bench, args)
             return
         if not args.only_rss:
             compare_all(bench, args)
