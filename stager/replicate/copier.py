@@ -39,6 +39,7 @@ its block digests compared with the manifest.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -69,6 +70,9 @@ INITIAL_HELD_PARTS = 2
 #: are bounded by memory, so one GET per part would hold the copy to (parts held) x (one connection's
 #: rate). The bytes are received straight into the part's buffer, so more GETs cost no more memory.
 READS_PER_PART = 8
+#: A part is cut so that each GET takes about this long from its first byte, at the best rate one GET has
+#: reached: where one connection is fast (a source on this host or rack), more GETs would only add requests.
+PIECE_SECONDS = 0.25
 
 
 @contextmanager
@@ -142,6 +146,7 @@ class Copier:
         self.copy_enabled = copy
         self._before_change = before_change
         self._buffers = _BufferPool()
+        self._best_read_rate = 0.0  # bytes/s: the fastest one GET of a part's blocks has been
         self.read_gate = _adaptive_gate(src, concurrency, _length(self._pieces(0, self.part_size)[0]))
         self.write_gate = _adaptive_gate(dst, concurrency, self.part_size)
         held = max(1, min(budget.capacity // self.part_size, concurrency or budget.capacity))
@@ -223,13 +228,27 @@ class Copier:
 
     async def _read_piece(self, view: memoryview, item: PlanItem, start: int, end: int) -> None:
         check = self._checker(item, start)
+        sinks: list[_BufferSink] = []
+
+        def open_sink() -> _BufferSink:
+            sinks.append(_BufferSink(view, check))
+            return sinks[-1]
+
         async with self.read_gate.slot(nbytes=end - start):
-            await self.src.read_range_into(item.path, start, end, lambda: _BufferSink(view, check))
+            await self.src.read_range_into(item.path, start, end, open_sink)
+        # the rate from the first byte on: the wait for it is latency, which more GETs per part do not cut
+        seconds = time.monotonic() - sinks[-1].first_byte_at if sinks and sinks[-1].first_byte_at else 0.0
+        if seconds > 0 and end - start > 1:
+            self._best_read_rate = max(self._best_read_rate, (end - start) / seconds)
 
     def _pieces(self, start: int, end: int) -> list[tuple[int, int]]:
-        """``[start, end)`` (``start`` on a block boundary) cut into up to READS_PER_PART runs of whole blocks."""
+        """``[start, end)`` (``start`` on a block boundary) cut into runs of whole blocks, each about
+        PIECE_SECONDS at the best rate one GET has reached (READS_PER_PART of them until one has ended)."""
         blocks = -(-(end - start) // self.block_size)
-        per_piece = -(-blocks // min(READS_PER_PART, blocks)) * self.block_size
+        wanted = READS_PER_PART
+        if self._best_read_rate > 0:
+            wanted = math.ceil((end - start) / (self._best_read_rate * PIECE_SECONDS))
+        per_piece = -(-blocks // max(1, min(READS_PER_PART, blocks, wanted))) * self.block_size
         return [(at, min(at + per_piece, end)) for at in range(start, end, per_piece)]
 
     # -- small objects -----------------------------------------------------------------
@@ -363,11 +382,14 @@ class _BufferSink(RangeSink):
         self._view = view
         self._check = check
         self._filled = 0
+        self.first_byte_at = 0.0  # monotonic time of the first write
 
     def receive_into(self) -> memoryview:
         return self._view  # an HTTP store receives straight into the part's buffer: no buffer of its own, no copy
 
     async def write(self, chunk: bytes) -> None:
+        if not self.first_byte_at:
+            self.first_byte_at = time.monotonic()
         end = self._filled + len(chunk)
         if end > len(self._view):  # the store checks lengths; never write past the part
             raise CorruptData(f"a body longer than its {len(self._view)}-byte range")

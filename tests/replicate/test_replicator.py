@@ -269,3 +269,17 @@ async def test_a_part_is_read_as_ranged_gets_of_whole_blocks_at_once(clusters, f
     assert proxy.stats().requests >= 10  # a GET per block of the two parts
     held = summary["concurrency_peak"]["parts_held"]
     assert proxy.peak_in_flight > held  # more GETs in flight than parts: each part's blocks at once
+
+
+async def test_a_part_from_a_fast_source_is_not_cut_into_more_gets_than_it_needs(clusters, fault_proxy, tmp_path):
+    # no cap per connection: once a GET has shown how fast one connection is from its first byte on,
+    # parts are read whole again (the wait for the first byte is latency, which more GETs do not cut)
+    a, b = clusters
+    files = mixed_files(seed=41, large=(64 * MiB,), small=0)
+    write_dataset(a.root / "ds", files)  # 1 MiB blocks, parts of 8 MiB: 64 GETs if every part were cut
+    proxy = fault_proxy(a.server, FaultPlan(latency_s=0.05, path_contains="/big-", methods=("GET",)))
+    replicator = Replicator(config(a.source("ds", proxy.url), b.source("copy"), tmp_path, part_size=8 * MiB))
+    summary = await replicator.run()
+    assert summary["failed"] == 0 and summary["manifest_published"]
+    assert_replica(a.root / "ds", b.root / "copy")
+    assert proxy.stats().requests < 48  # the first parts cut in eight, the rest in one or two
