@@ -72,6 +72,17 @@ def answer(body: bytes, status: str = "200 OK", **headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
+def answering_in_turn(bodies: list[bytes]) -> Handler:
+    """A handler answering the requests on a connection with ``bodies``, in turn."""
+    async def handler(reader, writer, n):
+        for body in bodies:
+            await read_request(reader)
+            writer.write(answer(body))
+            await writer.drain()
+
+    return handler
+
+
 async def get_body(session: WireSession, url: str, **kwargs) -> tuple[int, bytes]:
     async with session.get(url, **kwargs) as resp:
         return resp.status, await resp.read()
@@ -272,11 +283,7 @@ async def test_redirects_followed_only_when_asked_and_credentials_stay_with_thei
 async def test_kept_body_views_are_never_overwritten_by_later_answers():
     bodies = [os.urandom(3 * RECV_BUFFER + 12345) for _ in range(4)]
 
-    async def handler(reader, writer, n):
-        for body in bodies:
-            await read_request(reader)
-            writer.write(answer(body))
-            await writer.drain()
+    handler = answering_in_turn(bodies)
 
     async with RawServer(handler) as server:
         session = WireSession(1)
@@ -328,11 +335,7 @@ async def test_receive_buffers_count_as_in_use_while_an_answer_or_a_view_of_it_h
     """What the engine's memory bound reads: the buffers a request or its kept views hold, and who receives."""
     bodies = [os.urandom(3 * RECV_BUFFER + 4321) for _ in range(2)]
 
-    async def handler(reader, writer, n):
-        for body in bodies:
-            await read_request(reader)
-            writer.write(answer(body))
-            await writer.drain()
+    handler = answering_in_turn(bodies)
 
     base_bytes, base_receiving = held_bytes(), receiving_requests()
     async with RawServer(handler) as server:
