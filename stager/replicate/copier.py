@@ -147,7 +147,8 @@ class Copier:
         self._before_change = before_change
         self._buffers = _BufferPool()
         self._best_read_rate = 0.0  # bytes/s: the fastest one GET of a part's blocks has been
-        self.read_gate = _adaptive_gate(src, concurrency, _length(self._pieces(0, self.part_size)[0]))
+        first, last = self._pieces(0, self.part_size)[0]  # a full read: one GET of a part cut as at the start
+        self.read_gate = _adaptive_gate(src, concurrency, last - first)
         self.write_gate = _adaptive_gate(dst, concurrency, self.part_size)
         held = max(1, min(budget.capacity // self.part_size, concurrency or budget.capacity))
         self.part_gate = PriorityGate(1, controller=ConcurrencyController(
@@ -445,10 +446,6 @@ class _BufferPool:
     def give_back(self, buffer: bytearray) -> None:
         if len(self._idle) < self.KEEP:
             self._idle.append(buffer)
-
-
-def _length(span: tuple[int, int]) -> int:
-    return span[1] - span[0]
 
 
 def _adaptive_gate(store: Store, concurrency: int | None, full_request: int) -> PriorityGate:
