@@ -49,8 +49,9 @@ are measured, not assumed, so a capped link (where each request holds about a
 buffer) gets many more requests than loopback (where each holds several,
 queued for the disk) within the same budget. Latency alone never pushes the
 limit below ``initial``; only throttling does (down to one). Everything is a few float operations per
-finished request (or verified block) on the event loop: no per-byte work, no
-task, no timer.
+finished request (or verified block) on the event loop, and the memory bound a
+look at the receive pools' reference counts (a few microseconds): no per-byte
+work, no task, no timer.
 """
 
 from __future__ import annotations
