@@ -20,7 +20,7 @@ from ..errors import ManifestError
 from ..hashing import block_count
 from ..paths import BAD_PATH_PATTERN, BAD_PATH_PROBLEM
 from ..codecs import DECODED, NARROW_FORMS
-from .model import CODECS, LAYOUTS
+from .model import CODECS, LAYOUTS, filled
 
 MAX_SHARD_SIZE = 1 << 50  # 1 PiB: anything larger is a corrupt manifest, not a shard
 MIN_BLOCK_SIZE = 4096
@@ -82,7 +82,7 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
             raise bad(row, f"token count {int(tok[row])} is negative")
         itemsize = np.maximum(_itemsizes(dtypes), 1)  # an unknown dtype is refused below; count it 1 byte
         if "raw_size" in table.schema.names:  # a compressed shard's tokens are in its decompressed form
-            sizes = np.maximum(sizes, table.column("raw_size").fill_null(-1).to_numpy())
+            sizes = np.maximum(sizes, filled(table.column("raw_size"), -1).to_numpy())
         row = _first(tok * itemsize > sizes * 8 + 64)  # tokens cannot outnumber the bytes (parquet compresses, so slack)
         if row is not None:
             raise bad(row, f"token count {int(tok[row])} does not fit in {int(sizes[row])} bytes")
@@ -104,7 +104,7 @@ def validate_table(table: pa.Table, block_size: int, name: str) -> None:
 
 def _itemsizes(dtypes: pa.ChunkedArray) -> np.ndarray:
     """Each row's token size in bytes, 0 where its dtype is null or unknown (one look-up per distinct dtype)."""
-    coded = call_function("dictionary_encode", [dtypes.fill_null("").combine_chunks()])
+    coded = call_function("dictionary_encode", [filled(dtypes, "").combine_chunks()])
     sizes_of = np.array([np.dtype(d).itemsize if d in KNOWN_DTYPES else 0 for d in coded.dictionary.to_pylist()],
                         dtype=np.int64)
     return sizes_of[coded.indices.to_numpy(zero_copy_only=False)]
@@ -126,14 +126,14 @@ def _check_codecs(table: pa.Table, bad) -> None:
         row = _first(compressed & ~present)
         if row is not None:
             raise bad(row, f"is compressed ({codecs[row].as_py()}) but has no {name}")
-    raw = table.column("raw_size").fill_null(0).to_numpy()
+    raw = filled(table.column("raw_size"), 0).to_numpy()
     row = _first((raw < 0) | (raw > MAX_SHARD_SIZE))
     if row is not None:
         raise bad(row, f"raw_size {int(raw[row])} is negative or absurd")
     decoded = call_function("is_in", [codecs], SetLookupOptions(pa.array(sorted(DECODED))))
-    decoded = decoded.fill_null(False).to_numpy(zero_copy_only=False)
+    decoded = filled(decoded, False).to_numpy(zero_copy_only=False)
     if decoded.any():  # a decoded form holds its tokens in the column's dtype or a narrower form
-        tokens = table.column("tokens").fill_null(-1).to_numpy()
+        tokens = filled(table.column("tokens"), -1).to_numpy()
         dtypes = table.column("dtype")
         width = _itemsizes(dtypes)
         fits = raw == tokens * width
