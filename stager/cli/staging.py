@@ -73,7 +73,7 @@ async def stage(source: SourceConfig, session: Session, cache_cfg: CacheConfig, 
             async def one(i: int) -> None:
                 nonlocal arrived
                 try:
-                    await plan.ready(i)
+                    await plan.ready(i, urgent=False)  # in order: blobs complete (and commit) one by one
                     arrived += int(sizes[i]) - cached_of[i]
                     if not by_blocks:
                         progress.advance(int(sizes[i]) - cached_of[i])

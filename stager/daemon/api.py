@@ -243,8 +243,10 @@ async def plan_ready(request: web.Request) -> web.Response:
     timeout = schema.seconds(request.query.get("timeout", daemon.config.max_poll), "timeout",
                              high=daemon.config.max_poll)
     ref = plan.ref(position)
+    urgent = schema.integer(request.query.get("urgent", "1"), "urgent", high=1) == 1
     again = request.query.get("again") == "1"
-    return await _long_poll(daemon, ref.digest, ref.size, _refused_again(lambda: plan.ready(position)), timeout,
+    return await _long_poll(daemon, ref.digest, ref.size,
+                            _refused_again(lambda: plan.ready(position, urgent=urgent)), timeout,
                             again, position=position)
 
 

@@ -147,8 +147,12 @@ class Plan:
     def ref(self, position: int):
         return self.dataset.ref(int(self.order[position]))
 
-    async def ready(self, position: int) -> Path:
+    async def ready(self, position: int, *, urgent: bool = True) -> Path:
         """The cache path of the blob at ``position``, fetching it urgently if needed.
+
+        ``urgent=False``: a caller waiting for the plan to get there (``stager stage``) rather than
+        blocked on it: the blob is fetched at its place in the plan's order, as the read-ahead would,
+        so blobs complete one after the other instead of all together at the end.
 
         Raises:
             OriginError: the blob could not be fetched within the retry budget.
@@ -164,7 +168,8 @@ class Plan:
         try:
             while True:
                 try:
-                    return await self._owner.ensure(ref, priority=URGENT)
+                    return await self._owner.ensure(ref, priority=URGENT if urgent
+                                                    else float(max(0, position - self.cursor)))
                 except DiskFull as exc:
                     if str(cache.directory) in str(exc):
                         raise

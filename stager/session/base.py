@@ -32,8 +32,10 @@ class PlanHandle(abc.ABC):
     """One consumer's future reads (positions index the plan's order)."""
 
     @abc.abstractmethod
-    async def ready(self, position: int) -> Path:
-        """The complete, verified cache file of the blob at ``position``; fetched urgently if missing.
+    async def ready(self, position: int, *, urgent: bool = True) -> Path:
+        """The complete, verified cache file of the blob at ``position``; fetched urgently if missing
+        (not ``urgent``: at its place in the plan's order, by a caller that waits for the plan to get
+        there rather than being blocked on it).
 
         Raises:
             OriginError: it could not be fetched within the retry budget (names the shard).

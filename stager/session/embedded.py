@@ -28,8 +28,8 @@ class EmbeddedPlan(PlanHandle):
     def __len__(self) -> int:
         return len(self.plan.order)
 
-    async def ready(self, position: int) -> Path:
-        return await self.plan.ready(position)
+    async def ready(self, position: int, *, urgent: bool = True) -> Path:
+        return await self.plan.ready(position, urgent=urgent)
 
     async def advance(self, position: int) -> None:
         self.plan.advance(position)

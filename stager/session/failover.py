@@ -83,7 +83,7 @@ class FailoverPlan(PlanHandle):
     def __len__(self) -> int:
         return len(self.remote) if self.remote is not None else len(self._embedded())
 
-    async def ready(self, position: int) -> Path:
+    async def ready(self, position: int, *, urgent: bool = True) -> Path:
         """See :meth:`PlanHandle.ready`; also ``DaemonError``: the daemon is gone and the session may not
         fall back."""
         if not 0 <= position < len(self):
@@ -96,8 +96,8 @@ class FailoverPlan(PlanHandle):
                 return local
         began = time.monotonic()
         try:
-            return await session.run(lambda: self._remote().ready(position),
-                                     lambda: self._embedded().ready(position))
+            return await session.run(lambda: self._remote().ready(position, urgent=urgent),
+                                     lambda: self._embedded().ready(position, urgent=urgent))
         finally:
             session.wait_seconds += time.monotonic() - began
             session.waits += 1

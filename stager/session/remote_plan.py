@@ -119,7 +119,7 @@ class DaemonPlan(PlanHandle):
             self._hit_bytes += int(self.dataset.manifest.sizes[index])
         return path
 
-    async def ready(self, position: int) -> Path:
+    async def ready(self, position: int, *, urgent: bool = True) -> Path:
         """The complete, verified cache file of the blob at ``position``, long-polling the daemon.
 
         Raises:
@@ -134,7 +134,7 @@ class DaemonPlan(PlanHandle):
         digest = self.dataset.manifest.digest(self.index(position))
         for _ in range(MAX_REREGISTER):
             try:
-                params = {"position": position, "timeout": session.poll_timeout}
+                params = {"position": position, "timeout": session.poll_timeout, "urgent": int(urgent)}
                 while True:  # each poll waits at the daemon; 202 means "ask again"
                     session.polls += 1
                     status, body = await session.client().request(

@@ -95,7 +95,9 @@ async def test_positions_and_timeouts_of_readiness_polls_are_checked(node):
     assert (await node.raw("PUT", PLAN, json=_plan_body(node, order=[2, 3])))[0] == 200
     for query, message in [("", "position: expected an integer"), ("?position=2", "position: 2 is outside 0..1"),
                            ("?position=0&timeout=-1", "timeout: expected a positive number"),
-                           ("?position=0&timeout=nan", "timeout: expected a positive number")]:
+                           ("?position=0&timeout=nan", "timeout: expected a positive number"),
+                           ("?position=0&urgent=2", "urgent: 2 is outside 0..1"),
+                           ("?position=0&urgent=yes", "urgent: expected an integer")]:
         got, body = await node.raw("GET", f"{PLAN}/ready{query}")
         assert got == 400 and message in body["error"]["message"], query
 

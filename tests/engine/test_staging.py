@@ -254,3 +254,28 @@ async def test_a_plan_closed_mid_prefetch_leaves_no_task_behind(http_origin, fau
         await asyncio.sleep(0)  # cancelled tasks run their last step
         left = [t for t in asyncio.all_tasks() - before if not t.done() and "Event.wait" in repr(t.get_coro())]
         assert left == []
+
+
+async def test_a_plan_waited_on_in_its_order_fetches_its_blobs_one_after_another(http_origin, tmp_path):
+    # `stager stage` waits for every blob of its plan at once. Waited on as urgent, they all shared one
+    # priority and went out block by block across all blobs, so every blob completed (and its commit
+    # re-hashed it) at the end of the run. Waited on in the plan's order, a blob's requests go out
+    # before those of the blobs after it, and blobs complete one after another.
+    manifest = make_corpus(http_origin.root / "corpus", shards=8)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(concurrency=2, request_bytes=BLOCK)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{http_origin.url}/corpus"))
+            http_origin.clear_requests()
+            plan = engine.plan(dataset, window_bytes=manifest.total_bytes, name="stage")
+            waits = [plan.ready(position, urgent=False) for position in range(len(plan))]
+            await asyncio.wait_for(asyncio.gather(*waits), 60)
+            await plan.close()
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+    position_of = {f"/corpus/{entry.path}": i for i, entry in enumerate(manifest)}  # the plan's order
+    asked = [position_of[r.path] for r in http_origin.requests if r.path in position_of]
+    assert len(asked) >= sum(len(entry.blocks) for entry in manifest)  # a request per block
+    first = {p: asked.index(p) for p in set(asked)}
+    last = {p: len(asked) - 1 - asked[::-1].index(p) for p in set(asked)}
+    for later in range(len(manifest)):
+        for earlier in range(later - 1):  # the next blob may begin while the last requests of one are out
+            assert last[earlier] < first[later], (earlier, later, asked)
