@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import sqlite3
@@ -44,8 +43,8 @@ def pwritev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], offs
 def _libc_fallocate():
     """Linux's ``fallocate(2)``, or None. Not ``os.posix_fallocate``: where the file system cannot
     allocate, glibc emulates it by writing a byte into every block, slow on network file systems."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    try:  # the process's own symbols, libc's among them (find_library would run ldconfig at every start-up)
+        libc = ctypes.CDLL(None, use_errno=True)
         fallocate = libc.fallocate
     except (OSError, AttributeError):
         return None

@@ -47,7 +47,6 @@ small share of reading the bytes at all (see the README for measured costs).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import mmap
 import os
@@ -149,7 +148,7 @@ def stamp_intact(st: os.stat_result) -> bool:
 
 def _libc() -> ctypes.CDLL | None:
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return ctypes.CDLL(None, use_errno=True)  # the process's own symbols, libc's among them (see fileio.py)
     except OSError:
         return None
 
