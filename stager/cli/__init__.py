@@ -59,6 +59,22 @@ COMMAND_MODULES = {
 }
 
 
+#: Each subcommand's summary, the first paragraph of its help: what ``stager --help`` lists, without
+#: loading every command's module for it (that took half a second; a test holds the two equal).
+COMMAND_SUMMARIES = {
+    "checkpoints": "Checkpoints drained through stager: list, verify (and repair), prune, drain a folder.",
+    "demo": "Run the main job on a generated dataset: index it, stage it through a slow, faulty origin, verify.",
+    "index": "Hash every file under SOURCE and write SOURCE/.stager/manifest.parquet atomically.",
+    "mount": "Mount SOURCE read-only at MOUNTPOINT, in the dataset's own layout, backed by the verified cache.",
+    "replicate": "Copy every object of SRC's manifest to DST, verified, and write DST's manifest last.",
+    "serve": "Run the node daemon: consumers on this node share its engine and cache through a Unix socket.",
+    "stage": "Stage every shard of SOURCE into the cache, verifying each block against the manifest.",
+    "status": "Show what the cache holds: capacity, use, and each dataset's blobs (complete and partial).",
+    "unmount": "Unmount a `stager mount` and wait for its process to finish.",
+    "verify": "Re-hash the cache against the recorded block digests; drop what fails so it is fetched again.",
+}
+
+
 class StagerCommand(click.Command):
     """A subcommand whose ``--help`` names each option's ``STAGER_*`` variable."""
 
@@ -82,6 +98,16 @@ class StagerGroup(click.Group):
             importlib.import_module(f"{__name__}.{COMMAND_MODULES[name]}")  # registers itself on this group
             gc.freeze()  # what the imports made lives for the whole run: never scan it again
         return self.commands.get(name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``--help``, from :data:`COMMAND_SUMMARIES` for the commands not loaded."""
+        listed = [(name, self.commands.get(name) or click.Command(name, help=COMMAND_SUMMARIES[name]))
+                  for name in self.list_commands(ctx)]
+        listed = [(name, command) for name, command in listed if not command.hidden]
+        if listed:
+            limit = formatter.width - 6 - max(len(name) for name, _ in listed)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in listed])
 
     def all_commands(self) -> dict[str, click.Command]:
         """Every subcommand, loading their modules."""

@@ -5,12 +5,30 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from stager.cli import COMMAND_MODULES, cli
-from tests.cli.runner import run
+from stager.cli import COMMAND_MODULES, COMMAND_SUMMARIES, cli
+from tests.cli.runner import run, run_here
 
 
 def test_the_table_names_exactly_the_commands_the_modules_define():
     assert set(cli.all_commands()) == set(COMMAND_MODULES)
+
+
+def test_the_summaries_help_lists_are_each_commands_own():
+    for name, command in cli.all_commands().items():
+        assert COMMAND_SUMMARIES[name] == command.help.split("\n\n")[0].strip(), name
+
+
+def test_help_loads_no_commands_module_and_lists_what_the_commands_would(capsys):
+    code = ("import sys; from stager.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('stager.cli.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded = result.stdout.strip().splitlines()[-1]
+    for module in set(COMMAND_MODULES.values()):
+        assert f"stager.cli.{module}'" not in loaded, module
+    cli.all_commands()  # loaded in this process: its list is made from the commands themselves
+    listed = run_here(["--help"], capsys).stdout
+    assert "Commands:" in listed and listed in result.stdout
 
 
 def test_help_lists_every_command():
