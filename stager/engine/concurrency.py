@@ -30,6 +30,15 @@ in the manner of TCP Vegas:
   several seconds pays for more of them from its first block. After that, the limit
   moves towards ``limit * gradient + sqrt(limit)``: it keeps probing upwards
   while the latency does not rise, and backs off when it does.
+* Slow start also ends when growing stopped paying: over windows in which
+  each request in flight delivers a block (and at least
+  ``SLOW_START_WINDOW``), the limit doubles; a window whose throughput is
+  not ``SLOW_START_PAYOFF`` times the previous one's ends slow start, the
+  limit going back to what the previous window began with (scaled by the
+  little it gained). A bottleneck shared by all requests (the origin's CPU,
+  a proxy, the link) stops them there instead of at the ceiling: a request
+  takes long to end, so the latency signal alone came too late, after the
+  bytes of one request had added dozens more.
 * Where the :class:`MemoryBound` sees bytes queueing on this host (requests
   holding more than a couple of MiB each, or many connections paused for
   their consumer), the disk or the CPU here is the bottleneck: slow start
@@ -83,6 +92,10 @@ SLOW_START_GAIN = 2.0
 #: smaller): the limit doubles each time those in flight have each delivered a block's worth, half a
 #: second on a link of 2 MB/s per connection, not a whole request's.
 SLOW_START_BYTES = 1 << 20
+#: Slow start's throughput is compared over windows of at least this many seconds (and a block per request).
+SLOW_START_WINDOW = 0.1
+#: A slow-start window must bring this much more throughput than the one before, or slow start ends.
+SLOW_START_PAYOFF = 1.25
 #: Lowest gradient: one sample never cuts the limit by more than this factor.
 MIN_GRADIENT = 0.5
 #: On a throttled attempt the limit is multiplied by this.
@@ -184,6 +197,7 @@ class ConcurrencyController:
         self._best_limit = 0.0  # ...and the limit it was seen at: latency alone never cuts below it
         self.peak = self.initial
         self.throttle_cuts = 0
+        self._window = _SlowStartWindow(None, self._limit)
 
     @property
     def limit(self) -> int:
@@ -244,14 +258,35 @@ class ConcurrencyController:
         request of several seconds starts paying for more of them with its first block, not its last.
         """
         self._fed = True
-        self._count_bytes(self._clock(), nbytes)
+        now = self._clock()
+        self._count_bytes(now, nbytes)
         if self._slow_start and saturated:
             if self._queueing():
                 self._slow_start = False  # the bottleneck is this host: more requests would only queue
             else:
                 self._limit = min(float(self.ceiling), self._limit + nbytes / self._slow_start_bytes)
+                self._judge_growth(now, nbytes)
             self.peak = max(self.peak, self.limit)
+        elif self._slow_start:
+            self._window = _SlowStartWindow(None, self._limit)  # not saturated: no throughput to judge it by
         return self.limit
+
+    def _judge_growth(self, now: float, nbytes: int) -> None:
+        """End slow start once a window's throughput did not pay for the doubling before it."""
+        window = self._window
+        if window.start is None:  # the first bytes of a window: it begins now (not with the connections'
+            window.start = now    # set-up and first-byte wait, which would make the requests look slow)
+            return
+        window.nbytes += nbytes
+        elapsed = now - window.start
+        if elapsed < SLOW_START_WINDOW or window.nbytes < window.limit * self._slow_start_bytes:
+            return
+        rate = window.nbytes / elapsed
+        if window.previous_rate and rate < window.previous_rate * SLOW_START_PAYOFF:
+            self._slow_start = False  # the requests added brought no bytes: something they share is full
+            self._limit = min(self._limit, window.limit * max(1.0, rate / window.previous_rate))
+            return
+        self._window = _SlowStartWindow(now, self._limit, rate)
 
     def _queueing(self) -> bool:
         return self._memory is not None and self._memory.queueing()
@@ -288,6 +323,18 @@ class ConcurrencyController:
             if self._rate > self._best_rate * BEST_GAIN:
                 self._best_rate = self._rate
                 self._best_limit = self._limit
+
+
+class _SlowStartWindow:
+    """One window of slow start: when it began, the limit then, the bytes since, the window before's rate."""
+
+    __slots__ = ("start", "limit", "nbytes", "previous_rate")
+
+    def __init__(self, start: float | None, limit: float, previous_rate: float = 0.0) -> None:
+        self.start = start
+        self.limit = limit
+        self.nbytes = 0
+        self.previous_rate = previous_rate
 
 
 class _Lane:

@@ -93,6 +93,28 @@ def test_slow_start_grows_with_the_bytes_of_requests_still_in_flight():
     assert controller.count_bytes(1 << 20, saturated=False) == 48  # not saturated: no reason to grow
 
 
+def test_slow_start_ends_where_more_requests_stopped_bringing_more_bytes():
+    # A bottleneck all requests share (the origin's CPU, a proxy): 200 MB/s whatever the number in flight.
+    # Requests of 8 MiB end only after dozens more were added, too late for the latency signal alone.
+    clock = FakeClock()
+    shared = ConcurrencyController(256, full_request=8 * MiB, clock=clock)
+    for _ in range(200):
+        clock.now += MiB / 200e6
+        shared.count_bytes(MiB, saturated=True)
+    assert not shared.slow_start
+    assert 30 <= shared.limit <= 40 and shared.peak < 80  # the first doubling paid nothing: back to its start
+    # Each connection capped (8 MB/s each): every doubling doubles the bytes, and slow start goes on
+    # until the ceiling (where the limit stops doubling, and so do the bytes).
+    clock = FakeClock()
+    capped = ConcurrencyController(256, full_request=8 * MiB, clock=clock)
+    for _ in range(2000):
+        clock.now += MiB / min(capped.limit * 8e6, 4e9)
+        capped.count_bytes(MiB, saturated=True)
+        if not capped.slow_start:
+            break
+    assert capped.limit == 256
+
+
 def test_short_requests_do_not_count_as_latency():
     controller = ConcurrencyController(256, full_request=1 << 20, clock=FakeClock())
     for _ in range(100):
