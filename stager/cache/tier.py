@@ -185,7 +185,8 @@ class CacheTier:
             size: its size in bytes.
             block_size: the size of every block but the last.
             block_digests: the expected xxh3-64 of each block.
-            rank, protect: passed to :meth:`evict` if room must be made.
+            rank, protect: passed to :meth:`evict` if room must be made (``protect`` is not looked
+                at otherwise).
 
         Raises:
             ValueError: bad digest, size, block size or block digest count.
@@ -204,7 +205,7 @@ class CacheTier:
         if need > self._capacity:
             raise BlobTooLarge(f"blob {digest} ({size} bytes) is larger than the whole cache "
                                f"({self._capacity} bytes) at {self.directory}")
-        protected = frozenset(protect) | {digest}
+        protected: frozenset[str] | None = None  # looked at only if room must be made
         self._reserve.ensure()
         short_on_disk = False
         for _ in range(_BEGIN_ATTEMPTS):
@@ -213,6 +214,8 @@ class CacheTier:
                 return handle
             # Evicting unlinks files; a file another process still has open or mapped keeps its
             # blocks until it is closed, so the next try looks at the disk again, not at our books.
+            if protected is None:
+                protected = frozenset(protect) | {digest}
             if self.evict(deficit, rank=rank, protect=protected) == 0:
                 break
         used = self._index.used()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..cache import CacheTier
 from ..config import FetchConfig
@@ -42,7 +42,7 @@ class FetchContext:
     block_fetched: Callable[["BlobRef", int], None]
     #: The eviction policy a job's reservation of room follows: rank of a digest, and what must stay.
     eviction_rank: Callable[[str], float]
-    protected_digests: Callable[[], frozenset[str]]
+    protected_digests: Callable[[], Iterable[str]]  # also asked whether it holds a digest (in)
     #: The single flight: the job of each digest being fetched in this process.
     jobs: dict[str, "BlobJob"] = field(default_factory=dict)
 

@@ -24,7 +24,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -196,12 +196,9 @@ class Engine(AsyncClosing):
 
     # -- eviction policy -----------------------------------------------------
 
-    def protected_digests(self) -> frozenset[str]:
-        """Blobs that must not be evicted now: inside a plan's window, or being fetched."""
-        digests: set[str] = set(self._jobs)
-        for plan in self._plans:
-            digests |= plan.window_digests()
-        return frozenset(digests)
+    def protected_digests(self) -> "Protected":
+        """Blobs that must not be evicted now: inside a plan's window, or being fetched (a snapshot)."""
+        return Protected(frozenset(self._jobs), tuple(plan.window_digests() for plan in self._plans))
 
     def eviction_rank(self, digest: str) -> float:
         """Higher is evicted first: the distance to the blob's next use in any plan (inf: none)."""
@@ -275,3 +272,22 @@ class Engine(AsyncClosing):
             await dataset.close()
         self.context.disk.shutdown()
         self.context.lock_waiters.shutdown(wait=False, cancel_futures=True)
+
+
+class Protected:
+    """A snapshot of the digests an engine protects from eviction: its jobs' and its plans' windows.
+
+    Taken for every blob's reservation of room, which looks into it only when it must evict: the
+    sets are the engine's own (each plan's made once per window), not copied into one.
+    """
+
+    __slots__ = ("_sets",)
+
+    def __init__(self, jobs: frozenset[str], windows: tuple[frozenset[str], ...]) -> None:
+        self._sets = (jobs, *windows)
+
+    def __contains__(self, digest: object) -> bool:
+        return any(digest in digests for digests in self._sets)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(frozenset().union(*self._sets))

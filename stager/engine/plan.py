@@ -87,6 +87,7 @@ class Plan:
         #: (cleared by a move of the cursor until the prefetcher has seen it).
         self.idle = asyncio.Event()
         self._positions_of: dict[str, int] | None = None
+        self._window_digests: tuple[int, int, frozenset[str]] | None = None  # (cursor, end, digests)
         self.last_error: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -115,9 +116,15 @@ class Plan:
         end = int(np.searchsorted(self._ends, base + self.ahead_bytes, side="right"))
         return min(len(self.order), max(end, self.cursor + 1))
 
-    def window_digests(self) -> set[str]:
-        m = self.dataset.manifest
-        return {m.digest(int(i)) for i in self.order[self.cursor:self.window_end()]}
+    def window_digests(self) -> frozenset[str]:
+        """The digests of the blobs in the window, made once per window (every blob's reservation of
+        room asks for them: made anew each time, a plan of thousands of shards cost seconds of CPU)."""
+        start, end = self.cursor, self.window_end()
+        made = self._window_digests
+        if made is None or made[0] != start or made[1] != end:
+            m = self.dataset.manifest
+            made = self._window_digests = (start, end, frozenset(m.digest(int(i)) for i in self.order[start:end]))
+        return made[2]
 
     def next_use(self, digest: str) -> int | None:
         """Positions from the cursor to the next use of ``digest``; None if the plan no longer needs it."""

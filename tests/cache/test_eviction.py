@@ -144,6 +144,26 @@ def test_begin_evicts_with_rank_and_protect(tmp_path):
         check_invariants(tier)
 
 
+class Untouchable:
+    """What a caller protects, which must not be looked at: the engine's is every plan's window, and
+    made into one set for every blob's begin, a plan of thousands of shards cost seconds of CPU."""
+
+    def __iter__(self):
+        raise AssertionError("begin looked at what is protected although it had room")
+
+    def __contains__(self, digest):
+        raise AssertionError("begin looked at what is protected although it had room")
+
+
+def test_begin_looks_at_what_is_protected_only_when_it_must_evict(tmp_path):
+    with CacheTier(config(tmp_path / "c", 4 * SIZE), touch_interval=0) as tier:
+        filled(tier, 2)  # half full: the next blob fits
+        fill(tier, make_blob(SIZE, seed=998), protect=Untouchable())
+        with pytest.raises(AssertionError, match="although it had room"):  # full: now it must look
+            fill(tier, make_blob(2 * SIZE, seed=997), protect=Untouchable())
+        check_invariants(tier)
+
+
 def test_a_kept_order_is_refreshed_when_it_runs_dry(tier):
     d = filled(tier, 2)
     tier.pin(d[0])

@@ -279,3 +279,22 @@ async def test_a_plan_waited_on_in_its_order_fetches_its_blobs_one_after_another
     for later in range(len(manifest)):
         for earlier in range(later - 1):  # the next blob may begin while the last requests of one are out
             assert last[earlier] < first[later], (earlier, later, asked)
+
+
+async def test_a_plans_window_digests_are_made_once_per_window(http_origin, tmp_path):
+    # Every blob's reservation of room asks the engine what it protects (every plan's window): made
+    # anew each time, a plan over thousands of shards cost seconds of CPU, quadratic in the shards.
+    manifest = make_corpus(http_origin.root / "corpus", shards=6)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{http_origin.url}/corpus"))
+            plan = engine.plan(dataset, window_bytes=manifest.total_bytes, name="stage")
+            first = plan.window_digests()
+            assert first == {entry.digest for entry in manifest}
+            assert plan.window_digests() is first  # the same window: the same set, not made again
+            protected = engine.protected_digests()
+            assert all(entry.digest in protected for entry in manifest)
+            plan.advance(2)
+            moved = plan.window_digests()
+            assert moved == {entry.digest for entry in list(manifest)[2:]} and moved is not first
+            await plan.close()
