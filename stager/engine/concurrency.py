@@ -34,8 +34,8 @@ in the manner of TCP Vegas:
   each request in flight delivers a block (and at least
   ``SLOW_START_WINDOW``), the limit doubles; a window whose throughput is
   not ``SLOW_START_PAYOFF`` times the previous one's ends slow start, the
-  limit going back to what the previous window began with (scaled by the
-  little it gained). A bottleneck shared by all requests (the origin's CPU,
+  limit going back to what that window began with (scaled by the little it
+  gained). A bottleneck shared by all requests (the origin's CPU,
   a proxy, the link) stops them there instead of at the ceiling: a request
   takes long to end, so the latency signal alone came too late, after the
   bytes of one request had added dozens more.
