@@ -267,7 +267,7 @@ class ConcurrencyController:
                 self._limit = min(float(self.ceiling), self._limit + nbytes / self._slow_start_bytes)
                 self._judge_growth(now, nbytes)
             self.peak = max(self.peak, self.limit)
-        elif self._slow_start:
+        elif self._slow_start and self._window.start is not None:
             self._window = _SlowStartWindow(None, self._limit)  # not saturated: no throughput to judge it by
         return self.limit
 

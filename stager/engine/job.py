@@ -194,11 +194,20 @@ class BlobJob:
         def attempt_lock() -> bool | None:
             return None if cache.state(digest) is BlobState.COMPLETE else lock.try_lock()
 
-        attempt = self._ctx.lock_waiters.submit(attempt_lock)
+        return await self._lock_attempt(lock, attempt_lock)
+
+    async def _lock_attempt(self, lock: "BlobLock", attempt: Callable[[], bool | None]) -> bool | None:
+        """``attempt()`` (which may take ``lock``) on the lock threads; its answer.
+
+        Cancelled meanwhile, the thread may still take the lock after we stop waiting: it gives it
+        back then, itself. (Not through the event loop, which may be closed by then: a lock taken
+        for an engine that is gone would stay held until the process exits.)
+        """
+        running = self._ctx.lock_waiters.submit(attempt)
         try:
-            return await asyncio.shield(asyncio.wrap_future(attempt))
+            return await asyncio.shield(asyncio.wrap_future(running))
         except asyncio.CancelledError:
-            attempt.add_done_callback(_release_if_taken(lock))  # see _wait_foreign_lock
+            running.add_done_callback(_release_if_taken(lock))
             raise
 
     async def _release(self, lock: "BlobLock") -> None:
@@ -218,16 +227,8 @@ class BlobJob:
         """
         # flock has no async wake-up: wait in a thread, in short tries so cancellation is prompt.
         while True:
-            attempt = self._ctx.lock_waiters.submit(lock.acquire, FOREIGN_LOCK_POLL)
-            try:
-                if await asyncio.shield(asyncio.wrap_future(attempt)):
-                    return True
-            except asyncio.CancelledError:
-                # The thread may still take the lock after we stop waiting: it gives it back then,
-                # itself. (Not through the event loop, which may be closed by then: a lock taken
-                # for an engine that is gone would stay held until the process exits.)
-                attempt.add_done_callback(_release_if_taken(lock))
-                raise
+            if await self._lock_attempt(lock, lambda: lock.acquire(FOREIGN_LOCK_POLL)):
+                return True
             if await self._serve_from_other_process():
                 return False
 
