@@ -12,18 +12,23 @@ COMPLETE. On disk (see ``layout.py``)::
 
 How a blob gets there. ``begin`` reserves the blob's size against the capacity
 and against the room left on the disk (the capacity follows the disk where the
-disk is smaller), and creates the partial file with its blocks allocated, all
-inside one ``BEGIN IMMEDIATE`` transaction of the index, which is also the
-cross-process lock for every capacity decision. A disk with no room left even
+disk is smaller) in one ``BEGIN IMMEDIATE`` transaction of the index, which is
+also the cross-process lock for every capacity decision; the partial file,
+with its blocks allocated, is made just before that transaction where the
+blob looks as if it fits (the transaction checks the file is still there),
+else inside it. A disk with no room left even
 after eviction is :class:`~stager.errors.DiskFull` at once, never waited on.
 ``write_block`` pwrites a block the engine has verified, fdatasyncs it, and
 only then records it as verified. ``commit`` re-hashes the whole file against
 the blob's digest (a recorded block that rotted on the disk is forgotten and
-fetched again, never committed), fsyncs the file, makes it read-only and
-renames it into ``blobs/`` (then fsyncs that
-directory) inside the transaction that marks the blob complete. Eviction and
-removal unlink the file inside the transaction that drops the row; a reader
-that already opened or mapped the file keeps reading it (POSIX).
+fetched again, never committed), fsyncs the file, makes it read-only,
+renames it into ``blobs/`` and fsyncs that directory, then marks the blob
+complete in a transaction of its own. The file system work of a begin and a
+commit stays out of the index's lock, which every other begin and commit of
+the cache waits for (with many small shards, that work held the lock for
+most of the time). Eviction and removal unlink the file inside the
+transaction that drops the row; a reader that already opened or mapped the
+file keeps reading it (POSIX).
 
 Why a crash at any point leaves a consistent cache:
 
@@ -37,11 +42,14 @@ Why a crash at any point leaves a consistent cache:
   again, recognised by the boot id recorded with them);
 - the partial file's name carries a random generation also kept in its row,
   so a row can never describe a newer file of the same digest;
-- each transition (file system change + index change) happens under the
-  index's write lock, and start-up reconciliation (``reconcile.py``, stat
-  only) repairs the one gap a crash can leave in any transition: a row
-  without its file is dropped, a file without its row is removed, a partial
-  row whose file was already renamed into ``blobs/`` is promoted. A power loss
+- each transition (file system change + index change) leaves, between its
+  two halves, only states that start-up reconciliation (``reconcile.py``,
+  stat only) repairs and that every process meeting them reads right: a row
+  without its file is dropped (unlinks happen under the index's write lock),
+  a partial file without its row is removed (a begin checks, in its
+  transaction, that the file it made beforehand is still there), a partial
+  row whose file was already renamed into ``blobs/`` is promoted (and read as
+  complete by :meth:`CacheTier.open_partial` meanwhile). A power loss
   with ``synchronous=NORMAL`` only loses the latest index transactions, which
   lands in one of the same cases.
 

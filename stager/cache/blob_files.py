@@ -7,8 +7,9 @@ complete file goes), the direct writer (``O_DIRECT`` until the filesystem
 refuses it) and the table of open handles, closed with the tier. The commit
 re-hashes the whole file against the blob's digest (blocks that rotted on the
 disk since they were recorded are forgotten, to be fetched again), fsyncs it,
-makes it read-only and renames it into ``blobs/`` inside the index
-transaction that marks it complete.
+makes it read-only and renames it into ``blobs/``, then marks it complete
+in the index (a partial row whose complete file is in place counts as
+committed wherever it is met, as after a crash between the two).
 """
 
 from __future__ import annotations
@@ -111,37 +112,52 @@ class BlobFiles:
             make_shard_dir(self._layout, digest)
         except OSError as exc:
             raise os_error(exc, f"committing blob {digest}") from exc
-        renamed = False
+        row = self._index.get(digest)
+        if row is not None and row.state is BlobState.COMPLETE:
+            return dest  # another handle committed it
+        if row is None or row.gen != gen:
+            self._restore_writable(fd)
+            raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its commit; "
+                             "begin() it again")
+        # The rename and the directory's fsync happen before the transaction that records them, so
+        # other blobs' begins and commits do not wait for this file system work: a partial row whose
+        # file is complete under blobs/ is what a crash here leaves too, and any process that meets it
+        # (reconcile, open_partial, a resume) takes it for committed. Holding the blob's lock, no
+        # other process fills or commits this blob meanwhile; one that removes it is seen below.
         try:
+            os.rename(self._layout.partial_path(digest, gen), dest)
+        except FileNotFoundError:
+            # Renamed by an earlier commit() that failed after it: repairing promotes it.
             with self._index.write():
                 row = self._index.get(digest)
                 if row is not None and row.state is BlobState.COMPLETE:
-                    return dest  # another handle committed it
+                    return dest
                 if row is None or row.gen != gen:
                     raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its "
-                                     "commit; begin() it again")
-                missing = handle.block_count - self._index.verified_count(digest)
-                if missing:
-                    raise CacheError(f"blob {digest}: cannot commit, {missing} of {handle.block_count} blocks "
-                                     "are not verified")
-                try:
-                    os.rename(self._layout.partial_path(digest, gen), dest)
-                except FileNotFoundError:
-                    # Renamed by an earlier commit() that failed after it: repairing promotes it.
-                    repaired = repair_partial(self._index, self._layout, row, self._boot)
-                    if repaired is None or repaired.state is not BlobState.COMPLETE:
-                        raise CacheError(f"blob {digest}: the partial file vanished before its commit; "
-                                         "begin() it again") from None
-                    return dest
-                renamed = True
-                fsync_dir(dest.parent)
+                                     "commit; begin() it again") from None
+                repaired = repair_partial(self._index, self._layout, row, self._boot)
+                if repaired is None or repaired.state is not BlobState.COMPLETE:
+                    raise CacheError(f"blob {digest}: the partial file vanished before its commit; "
+                                     "begin() it again") from None
+            return dest
+        except OSError as exc:
+            self._restore_writable(fd)
+            raise os_error(exc, f"committing blob {digest}") from exc
+        try:
+            fsync_dir(dest.parent)
+            with self._index.write():
+                row = self._index.get(digest)
+                if row is not None and row.state is BlobState.COMPLETE:
+                    return dest  # promoted by another process's reconcile meanwhile
+                if row is None or row.gen != gen:
+                    _unlink_quietly(dest)  # removed meanwhile; the file is this handle's (its lock)
+                    raise CacheError(f"blob {digest}: the partial blob was removed during its commit; "
+                                     "begin() it again")
                 self._index.mark_complete(digest, disk_charge(os.fstat(fd)), time.time())
-        except BaseException as exc:
-            if not renamed:
-                self._restore_writable(fd)
-            if isinstance(exc, OSError) and not isinstance(exc, CacheError):
-                raise os_error(exc, f"committing blob {digest}") from exc
-            raise
+        except OSError as exc:
+            if isinstance(exc, CacheError):
+                raise
+            raise os_error(exc, f"committing blob {digest}") from exc
         return dest
 
     def _check_before_commit(self, handle: PartialBlob, fd: int, gen: str) -> None:
@@ -190,3 +206,10 @@ class BlobFiles:
             os.fchmod(fd, 0o644)
         except OSError:
             pass
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

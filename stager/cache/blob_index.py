@@ -8,10 +8,11 @@ dataset membership.
 
 Every change of more than one statement runs in a ``BEGIN IMMEDIATE``
 transaction (single statements, like recording a verified block, commit on
-their own). That transaction is the cross-process write lock: the tier also
-performs a blob's file-system transition (create, rename, unlink) inside the
-transaction that records it, so no other process can observe one without
-the other. ``synchronous=NORMAL``
+their own). That transaction is the cross-process write lock: the tier
+unlinks a blob's file inside the transaction that drops its row, and makes
+its other file-system transitions (a begin's create, a commit's rename) just
+before the transaction that records them, leaving between the two only
+states every process reads right (see the package docstring). ``synchronous=NORMAL``
 is enough: a process crash loses nothing committed, and a power loss can only
 lose the latest transactions, which at worst forgets verified blocks (they
 are fetched again) or leaves a state the start-up reconciliation repairs

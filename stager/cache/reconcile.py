@@ -2,9 +2,12 @@
 
 Stat only, never a rehash, so it runs in time proportional to the number of
 files. Every decision about one digest is taken inside a write transaction of
-the index, and every blob transition of a live process also happens inside
-one, so reconciling while other processes use the cache sees each blob either
-before or after a transition, never half-way. The rules:
+the index. A live process's transitions record themselves in one too, after
+the file system work they do beforehand (a begin's new partial file, a
+commit's rename), and the rules below read those in-between states the way
+that process goes on from them: a new partial file it has not recorded yet is
+removed (its begin sees that and makes it again), a renamed file whose row is
+still partial is promoted (its commit finds it complete). The rules:
 
 - partial row, partial file of its generation with the right size: kept;
   its verified blocks are forgotten if some were recorded without fdatasync

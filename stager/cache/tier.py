@@ -230,8 +230,16 @@ class CacheTier:
     def _begin_once(self, digest: str, size: int, block_size: int, packed: bytes,
                     need: int) -> tuple[PartialBlob | None, int, bool]:
         """One try under the index's write lock: a handle, or (None, bytes that must be freed,
-        whether the disk rather than the capacity is short of them)."""
-        opened: tuple[int, Path] | None = None  # a file created here, undone if the transaction fails
+        whether the disk rather than the capacity is short of them).
+
+        A new blob's file is created and allocated before the transaction where it looks as if it
+        fits (that file system work would hold every other begin and commit of the cache), and the
+        transaction checks it is still there: a reconcile of another process removes partial
+        files that no row accounts for. Where it does not look as if it fits, or the blob is
+        known already, everything happens inside the transaction.
+        """
+        early = self._create_early(digest, size, need)
+        opened: tuple[int, Path] | None = early[:2] if early is not None else None
         resumed: PartialBlob | None = None  # a handle opened here, closed if the transaction fails
         try:
             with self._index.write():
@@ -243,21 +251,36 @@ class CacheTier:
                     self._index.delete_blob(digest)
                     row = None
                 if row is not None:
+                    if opened is not None:
+                        self._undo_create(*opened)
+                        opened = None
                     resumed = self._open_existing(row)
                     if resumed is not None:
                         return resumed, 0, False
                 over = self._index.used() + need - self._capacity
-                short = need - self.disk_room() if need else 0  # an empty blob needs no room
+                if opened is not None and os.fstat(opened[0]).st_nlink == 0:
+                    os.close(opened[0])  # removed by a reconcile meanwhile: made again below
+                    opened = early = None
+                if opened is not None:
+                    short = -self.disk_room() if need else 0  # its room is taken already
+                else:
+                    short = need - self.disk_room() if need else 0  # an empty blob needs no room
                 if over > 0 or short > 0:
+                    if opened is not None:
+                        self._undo_create(*opened)
+                        opened = None
                     return None, max(over, short), short > 0
-                gen = new_generation()
-                path = self._layout.partial_path(digest, gen)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-                opened = (fd, path)
-                if not self._claim_disk(fd, size):
-                    self._undo_create(fd, path)
-                    opened = None
-                    return None, need, True  # another program took the room meanwhile
+                if early is not None:
+                    gen = early[2]
+                else:
+                    gen = new_generation()
+                    path = self._layout.partial_path(digest, gen)
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                    opened = (fd, path)
+                    if not self._claim_disk(fd, size):
+                        self._undo_create(fd, path)
+                        opened = None
+                        return None, need, True  # another program took the room meanwhile
                 self._index.insert_partial(digest, size, block_size, packed, gen, need, time.time())
         except BaseException as exc:
             if opened is not None:
@@ -268,6 +291,27 @@ class CacheTier:
                 raise os_error(exc, f"creating partial blob {digest} in {self.directory}") from exc
             raise
         return self._files.handle(digest, size, block_size, gen, opened[1], opened[0], set()), 0, False
+
+    def _create_early(self, digest: str, size: int, need: int) -> tuple[int, Path, str] | None:
+        """A new blob's partial file, created and allocated outside the index's transaction, if the
+        index (read without the lock) has no row for it and the cache and its disk have the room;
+        else None, and the transaction does it all (or finds why not)."""
+        try:
+            if self._index.get(digest) is not None or self._index.used() + need > self._capacity \
+                    or need > self.disk_room():
+                return None
+            gen = new_generation()
+            path = self._layout.partial_path(digest, gen)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return None  # the transaction tries again, and reports what fails there
+        try:
+            if self._claim_disk(fd, size):
+                return fd, path, gen
+        except OSError:
+            pass
+        self._undo_create(fd, path)
+        return None
 
     @staticmethod
     def _claim_disk(fd: int, size: int) -> bool:
@@ -328,14 +372,27 @@ class CacheTier:
             row = self._index.get(digest)
             if row is None:
                 return None
+            complete_path = self._layout.complete_path(digest)
             if row.state is BlobState.COMPLETE:
-                path, gen, verified = self._layout.complete_path(digest), None, set(range(row.block_count))
+                path, gen, verified = complete_path, None, set(range(row.block_count))
             else:
                 path, gen, verified = self._layout.partial_path(digest, row.gen), row.gen, None
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
-                continue
+                if gen is None:
+                    continue
+                # Renamed into blobs/ by its commit, which records it next: complete already.
+                path, gen, verified = complete_path, None, set(range(row.block_count))
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise os_error(exc, f"opening blob {digest}") from exc
+                if os.fstat(fd).st_size != row.size:
+                    os.close(fd)
+                    continue
             except OSError as exc:
                 raise os_error(exc, f"opening blob {digest}") from exc
             if verified is None:
