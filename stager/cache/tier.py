@@ -45,6 +45,8 @@ from .verify import scrub
 log = logging.getLogger(__name__)
 
 _BEGIN_ATTEMPTS = 4  # reserve, evict, retry: another process may take the room we freed
+#: A new blob's file is made ahead of its transaction only where the cache has room for this many such blobs.
+EARLY_ROOM = 64
 
 
 class CacheTier:
@@ -79,6 +81,8 @@ class CacheTier:
         self._access = AccessTimes(self._index, touch_interval)
         self._victims = VictimQueue()
         self._evictions_lock = threading.Lock()
+        self._early_lock = threading.Lock()
+        self._early_bytes = 0  # partial files made ahead of their transaction, not in the index yet
         self.evicted_blobs = 0  # blobs (and their bytes) this instance evicted, for metrics
         self.evicted_bytes = 0
         try:
@@ -239,6 +243,7 @@ class CacheTier:
         known already, everything happens inside the transaction.
         """
         early = self._create_early(digest, size, need)
+        counted = need if early is not None else 0  # in self._early_bytes until the transaction ends
         opened: tuple[int, Path] | None = early[:2] if early is not None else None
         resumed: PartialBlob | None = None  # a handle opened here, closed if the transaction fails
         try:
@@ -257,7 +262,9 @@ class CacheTier:
                     resumed = self._open_existing(row)
                     if resumed is not None:
                         return resumed, 0, False
-                over = self._index.used() + need - self._capacity
+                with self._early_lock:  # files other threads made ahead, not in the index yet
+                    ahead = self._early_bytes - counted
+                over = self._index.used() + ahead + need - self._capacity
                 if opened is not None and os.fstat(opened[0]).st_nlink == 0:
                     os.close(opened[0])  # removed by a reconcile meanwhile: made again below
                     opened = early = None
@@ -290,16 +297,39 @@ class CacheTier:
             if isinstance(exc, OSError) and not isinstance(exc, CacheError):
                 raise os_error(exc, f"creating partial blob {digest} in {self.directory}") from exc
             raise
+        finally:
+            if counted:
+                self._early_done(counted)
         return self._files.handle(digest, size, block_size, gen, opened[1], opened[0], set()), 0, False
 
     def _create_early(self, digest: str, size: int, need: int) -> tuple[int, Path, str] | None:
         """A new blob's partial file, created and allocated outside the index's transaction, if the
-        index (read without the lock) has no row for it and the cache and its disk have the room;
-        else None, and the transaction does it all (or finds why not)."""
-        try:
-            if self._index.get(digest) is not None or self._index.used() + need > self._capacity \
-                    or need > self.disk_room():
+        index (read without the lock) has no row for it and the cache and its disk have room for
+        :data:`EARLY_ROOM` such blobs (besides those this process is making so); else None, and the
+        transaction does it all (or finds why not).
+
+        A file made so takes disk space before the index counts it: this process counts its own
+        (so it never puts the cache over its capacity), and the room asked keeps other processes'
+        from doing so: it would take more than ``EARLY_ROOM`` blobs begun in the same milliseconds.
+        """
+        with self._early_lock:
+            room = need * EARLY_ROOM + self._early_bytes
+            if self._index.get(digest) is not None or self._index.used() + room > self._capacity \
+                    or room > self.disk_room():
                 return None
+            self._early_bytes += need
+        made = self._make_early(digest, size)
+        if made is None:
+            self._early_done(need)
+        return made
+
+    def _early_done(self, need: int) -> None:
+        """A file :meth:`_create_early` made is recorded, or gone: the index counts what is left."""
+        with self._early_lock:
+            self._early_bytes -= need
+
+    def _make_early(self, digest: str, size: int) -> tuple[int, Path, str] | None:
+        try:
             gen = new_generation()
             path = self._layout.partial_path(digest, gen)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)

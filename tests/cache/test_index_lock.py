@@ -26,6 +26,7 @@ from .blobs import check_invariants, config, make_blob
 
 KiB = 1024
 WAIT = 10.0  # seconds any step below may take, at most
+CAPACITY = 64 << 20  # room for the blobs below to be made ahead of their transactions (tier.EARLY_ROOM)
 
 
 @contextmanager
@@ -55,7 +56,7 @@ def still_waiting(future: Future) -> bool:
 
 @pytest.fixture
 def tier(tmp_path):
-    with CacheTier(config(tmp_path / "cache", 1024 * KiB)) as t:
+    with CacheTier(config(tmp_path / "cache", CAPACITY)) as t:
         yield t
 
 
@@ -114,7 +115,7 @@ def test_a_file_removed_before_its_begin_is_recorded_is_made_again(tier, pool):
 
 def test_a_commit_renames_its_file_before_it_waits_and_readers_see_it_complete(tier, pool, tmp_path):
     blob = make_blob(90 * KiB, seed=2)
-    reader = CacheTier(config(tier.directory, 1024 * KiB), reconcile=False)  # "another process", opened first
+    reader = CacheTier(config(tier.directory, CAPACITY), reconcile=False)  # "another process", opened first
     with reader, tier.lock(blob.digest), filled(tier, blob) as partial:
         with index_locked_elsewhere(tier):
             committed = pool.submit(partial.commit)
