@@ -8,7 +8,7 @@ COMPLETE. On disk (see ``layout.py``)::
     CACHE/blobs/ab/abcdef...      COMPLETE blobs: read-only, every block verified
     CACHE/index.reserve           room the index takes when the disk is full (reserve.py)
     CACHE/partial/<digest>.<gen>  PARTIAL blobs: files of full size (allocated), filled block by block
-    CACHE/locks/<digest>.lock     per-blob flock files (one fetcher per blob across processes)
+    CACHE/locks/blobs.ranges      the blobs' cross-process locks, a byte each (one fetcher per blob)
 
 How a blob gets there. ``begin`` reserves the blob's size against the capacity
 and against the room left on the disk (the capacity follows the disk where the
@@ -54,9 +54,9 @@ Why a crash at any point leaves a consistent cache:
   lands in one of the same cases.
 
 Across processes: the index is shared through sqlite's own locking, blob
-fetches exclude each other through flock (released by the kernel when a
-holder dies), and holds protecting a process's prefetch window are ignored
-once that process is dead (pid + start time + boot id). Within a process,
+fetches exclude each other through a lock on one byte each of one file
+(released by the kernel when a holder dies, see ``locks.py``), and holds
+protecting a process's prefetch window are ignored once that process is dead (pid + start time + boot id). Within a process,
 every method is thread-safe (the async engine runs the slow ones in a thread
 pool). A ``CacheTier`` must not cross a ``fork()``: each process (a data
 loader worker too) opens its own, with ``reconcile=False`` if another process

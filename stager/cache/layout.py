@@ -10,7 +10,9 @@
                                  (made by the first commit that needs it)
       partial/<digest>.<gen>     partial blobs: files of the blob's full size, allocated up front
                                  where the file system can (sparse elsewhere)
-      locks/<digest>.lock        per-blob flock files, unlinked by their holder on release
+      locks/blobs.ranges         the blobs' cross-process locks: one byte each (see locks.py)
+      locks/<digest>.lock        per-blob flock files where a file system refuses those,
+                                 unlinked by their holder on release
 
 The generation suffix of a partial file is random and also recorded in the
 index row, so an index that points at a partial file can never be fooled by a

@@ -2,22 +2,38 @@
 
 Two layers. In one process, a :class:`LockTable` (a set under a condition
 variable) makes threads wait for each other without polling. Across
-processes, an exclusive ``flock`` on ``locks/<digest>.lock``: the kernel drops
-it when its holder dies, even by SIGKILL, so a dead fetcher never blocks the
-blob. Lock files do not pile up: the holder unlinks the file before unlocking,
-and a taker checks, once it holds the flock, that the file it locked is still
-the one at the path (else it lost that race and retries on the new file).
+processes, a :class:`LockRanges`: an open-file-description lock
+(``F_OFD_SETLK``) on one byte of ``locks/blobs.ranges``, at an offset made of
+the blob's digest (its first 60 bits). The kernel drops it when its holder
+dies, even by SIGKILL, so a dead fetcher never blocks the blob, and nothing is
+created or removed per blob: a lock file per blob (created, flocked and
+unlinked at every fetch) cost about a tenth of a second of kernel time per
+thousand blobs on ext4, whose inode allocator scans for recently deleted inodes
+at every create. Two blobs whose digests share 60 bits would share a lock
+(taking turns, never both at once); that takes about 2**30 blobs locked at
+once to happen by chance.
 
-flock has no timed wait, so a blocking acquire polls the cross-process layer
-with a short exponential backoff (1 ms up to 50 ms).
+Where a file system refuses open-file-description locks, each blob has an
+exclusive ``flock`` on ``locks/<digest>.lock`` instead, as stager did before:
+the holder unlinks the file before unlocking, and a taker checks, once it
+holds the flock, that the file it locked is still the one at the path (else
+it lost that race and retries on the new file). A stager that locks so and
+one that locks by ranges do not see each other's locks: do not let both
+fetch into one cache at once (with a node daemon, only the daemon fetches).
+
+Neither kind has a timed wait, so a blocking acquire polls the cross-process
+layer with a short exponential backoff (1 ms up to 50 ms).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import struct
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from ..errors import CacheError
@@ -26,6 +42,14 @@ from .fileio import os_error
 _POLL_MIN = 0.001
 _POLL_MAX = 0.05
 _RACE_RETRIES = 16  # lost unlink races in a row before giving up a try (never seen in practice)
+#: The file whose bytes are the blobs' locks, in the cache's ``locks/``.
+RANGES_FILE = "blobs.ranges"
+_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
+#: ``struct flock``: l_type, l_whence, l_start, l_len, l_pid (0 for open-file-description locks).
+_FLOCK = struct.Struct("@hhqqi")
+_FLOCK_SIZE = -(-_FLOCK.size // 8) * 8  # its trailing padding
+#: errno values that mean the file system has no open-file-description locks.
+_UNSUPPORTED = {errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
 
 
 class LockTable:
@@ -61,6 +85,95 @@ class LockTable:
     def held(self, key: str) -> bool:
         with self._cond:
             return key in self._held
+
+
+class RangesUnsupported(Exception):
+    """The file system refuses open-file-description locks: lock per blob file instead."""
+
+
+def range_offset(digest: str) -> int:
+    """The byte of :data:`RANGES_FILE` that is ``digest``'s lock."""
+    return int(digest[:15], 16)
+
+
+def _flock_struct(kind: int, offset: int) -> bytes:
+    return _FLOCK.pack(kind, os.SEEK_SET, offset, 1, 0).ljust(_FLOCK_SIZE, b"\0")
+
+
+_OPEN_RANGES: "weakref.WeakSet[LockRanges]" = weakref.WeakSet()
+
+
+class LockRanges:
+    """The cross-process locks of one cache's blobs: a byte each of one file, locked through one
+    open file description per :class:`LockRanges` (the in-process :class:`LockTable` keeps two
+    threads from locking one byte through it).
+
+    A forked child closes its copy of the descriptor (the parent's locks stay the parent's: they
+    go only when the last descriptor of that open file is closed, and a child that outlives a
+    dead parent would otherwise keep them) and opens its own if it locks anything.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd: int | None = None
+        self._guard = threading.Lock()
+        self.usable = _OFD_SETLK is not None
+        _OPEN_RANGES.add(self)
+
+    def try_lock(self, digest: str) -> bool:
+        """Lock ``digest``'s byte if no other open file holds it; False if one does.
+
+        Raises:
+            RangesUnsupported: the file system refuses these locks (:attr:`usable` turns False).
+            OSError: the file cannot be opened.
+        """
+        try:
+            fcntl.fcntl(self._descriptor(), _OFD_SETLK, _flock_struct(fcntl.F_WRLCK, range_offset(digest)))
+        except (BlockingIOError, PermissionError):  # EAGAIN, EACCES: held through another open file
+            return False
+        except OSError as exc:
+            if exc.errno in _UNSUPPORTED:
+                self.usable = False
+                raise RangesUnsupported(str(exc)) from exc
+            raise
+        return True
+
+    def unlock(self, digest: str) -> None:
+        with self._guard:
+            fd = self._fd
+        if fd is not None:
+            fcntl.fcntl(fd, _OFD_SETLK, _flock_struct(fcntl.F_UNLCK, range_offset(digest)))
+
+    def _descriptor(self) -> int:
+        with self._guard:
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            return self._fd
+
+    def close(self) -> None:
+        """Close the descriptor: every lock taken through it goes."""
+        with self._guard:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _forget_in_child(self) -> None:
+        fd, self._fd = self._fd, None
+        self._guard = threading.Lock()  # another thread may have held it at the fork
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _after_fork_in_child() -> None:
+    for ranges in list(_OPEN_RANGES):
+        ranges._forget_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def try_flock(path: Path) -> int | None:
@@ -105,17 +218,18 @@ class BlobLock:
     re-check the blob's state: another process may have completed it.
     """
 
-    def __init__(self, table: LockTable, path: Path, digest: str) -> None:
+    def __init__(self, table: LockTable, path: Path, digest: str, ranges: LockRanges | None = None) -> None:
         self._table = table
-        self._path = path
+        self._path = path  # the blob's own lock file, where ranges are refused
+        self._ranges = ranges
         self.digest = digest
-        self._fd: int | None = None
+        self._held: int | bool | None = None  # True: by range; an fd: by the blob's flocked file
         self._guard = threading.Lock()
 
     @property
     def locked(self) -> bool:
         """Whether this object holds the lock."""
-        return self._fd is not None
+        return self._held is not None
 
     def try_lock(self) -> bool:
         """Take the lock if it is free right now; True if taken."""
@@ -130,7 +244,7 @@ class BlobLock:
             CacheError: this object already holds it, or the lock file cannot be opened.
         """
         with self._guard:
-            if self._fd is not None:
+            if self._held is not None:
                 raise CacheError(f"blob lock {self.digest} is already held by this BlobLock")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         if timeout is not None and timeout <= 0:
@@ -139,26 +253,35 @@ class BlobLock:
         elif not self._table.take(self.digest, deadline):
             return False
         try:
-            fd = self._flock_until(deadline)
+            held = self._lock_until(deadline)
         except BaseException:
             self._table.give(self.digest)
             raise
-        if fd is None:
+        if held is None:
             self._table.give(self.digest)
             return False
         with self._guard:
-            self._fd = fd
+            self._held = held
         return True
 
-    def _flock_until(self, deadline: float | None) -> int | None:
+    def _try_once(self) -> int | bool | None:
+        ranges = self._ranges
+        if ranges is not None and ranges.usable:
+            try:
+                return True if ranges.try_lock(self.digest) else None
+            except RangesUnsupported:
+                pass
+        return try_flock(self._path)
+
+    def _lock_until(self, deadline: float | None) -> int | bool | None:
         delay = _POLL_MIN
         while True:
             try:
-                fd = try_flock(self._path)
+                held = self._try_once()
             except OSError as exc:
-                raise os_error(exc, f"cannot lock blob {self.digest} ({self._path})") from exc
-            if fd is not None:
-                return fd
+                raise os_error(exc, f"cannot lock blob {self.digest} ({self._path.parent})") from exc
+            if held is not None:
+                return held
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -171,11 +294,14 @@ class BlobLock:
     def release(self) -> None:
         """Release the lock (a no-op if not held)."""
         with self._guard:
-            fd, self._fd = self._fd, None
-        if fd is None:
+            held, self._held = self._held, None
+        if held is None:
             return
         try:
-            unflock(self._path, fd)
+            if held is True:
+                self._ranges.unlock(self.digest)
+            else:
+                unflock(self._path, held)
         finally:
             self._table.give(self.digest)
 
@@ -199,6 +325,8 @@ def sweep_lock_files(locks_dir: Path, table: LockTable) -> int:
         return 0
     for name in names:
         digest = name.removesuffix(".lock")
+        if name == RANGES_FILE or digest == name:
+            continue  # the ranges file is in use for as long as the cache is
         path = locks_dir / name
         if not table.try_take(digest):
             continue

@@ -35,7 +35,7 @@ from .eviction import Rank, VictimQueue
 from .fileio import allocate, os_error
 from .layout import check_digest, check_digests, new_generation, open_layout
 from .liveness import boot_id
-from .locks import BlobLock, LockTable, sweep_lock_files
+from .locks import RANGES_FILE, BlobLock, LockRanges, LockTable, sweep_lock_files
 from .partial import PartialBlob
 from .reconcile import ReconcileReport, reconcile, repair_partial
 from .reserve import IndexReserve
@@ -78,6 +78,7 @@ class CacheTier:
         self._index = BlobIndex(self._layout.index_path, busy_timeout=busy_timeout, reserve=self._reserve)
         self._closed = False
         self._locks = LockTable()
+        self._lock_ranges = LockRanges(self._layout.locks_dir / RANGES_FILE)
         self._access = AccessTimes(self._index, touch_interval)
         self._victims = VictimQueue()
         self._evictions_lock = threading.Lock()
@@ -163,7 +164,7 @@ class CacheTier:
     def lock(self, digest: str) -> BlobLock:
         """The cross-process lock of one blob (one fetch at a time). Not taken yet: use
         ``with``, ``try_lock()`` or ``acquire(timeout)``, then re-check the blob's state."""
-        return BlobLock(self._locks, self._layout.lock_path(check_digest(digest)), digest)
+        return BlobLock(self._locks, self._layout.lock_path(check_digest(digest)), digest, self._lock_ranges)
 
     # -- filling ------------------------------------------------------------------------------
 
@@ -658,6 +659,7 @@ class CacheTier:
             pass  # access times are hints
         self._files.close_all()
         self._index.close()
+        self._lock_ranges.close()
 
     def __enter__(self) -> "CacheTier":
         return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stager.cache import CacheTier
-from stager.cache.locks import LockTable, try_flock, unflock
+from stager.cache.locks import RANGES_FILE, LockTable, try_flock, unflock
 from stager.errors import CacheError
 
 from .blobs import config, make_blob
@@ -20,7 +21,9 @@ from .blobs import config, make_blob
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_processes_racing_on_one_blob_lock_take_turns(tmp_path):
+@pytest.mark.parametrize("kind", ["ranges", "files"])
+def test_processes_racing_on_one_blob_lock_take_turns(tmp_path, kind):
+    """``files``: as on a file system that refuses open-file-description locks (a flocked file per blob)."""
     directory = tmp_path / "cache"
     CacheTier(config(directory, 1 << 20)).close()
     digest = make_blob(10).digest
@@ -28,15 +31,46 @@ def test_processes_racing_on_one_blob_lock_take_turns(tmp_path):
     counter.write_text("0")
     rounds, procs = 25, 3
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    extra = ["files"] if kind == "files" else []
     workers = [subprocess.Popen([sys.executable, "-m", "tests.cache.peer_process", "race", str(directory), digest,
-                                 str(counter), str(rounds)], cwd=ROOT, env=env) for _ in range(procs)]
+                                 str(counter), str(rounds), *extra], cwd=ROOT, env=env) for _ in range(procs)]
     for worker in workers:
         assert worker.wait(timeout=60) == 0
     # 3 processes x 2 threads read-sleep-write the counter: a single lost update means two held the lock.
     assert int(counter.read_text()) == procs * 2 * rounds
     log = counter.with_suffix(".log").read_text().split()
     assert len(set(log)) == procs  # every process got its turns
-    assert not os.listdir(directory / "locks")
+    # nothing is left per blob: the one ranges file, or no file at all
+    assert os.listdir(directory / "locks") == ([RANGES_FILE] if kind == "ranges" else [])
+
+
+def test_a_lock_is_free_once_its_holder_dies_though_a_child_it_forked_lives_on(tmp_path):
+    """A forked child shares its parent's open files; a lock taken through one must die with the parent."""
+    directory = tmp_path / "cache"
+    CacheTier(config(directory, 1 << 20)).close()
+    digest = make_blob(10).digest
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    holder = subprocess.Popen([sys.executable, "-m", "tests.cache.peer_process", "lock-and-fork", str(directory),
+                               digest], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(holder.stdout.readline())
+        with CacheTier(config(directory, 1 << 20), reconcile=False) as tier:
+            assert not tier.lock(digest).try_lock()  # held by the holder
+            holder.kill()
+            holder.wait(timeout=30)
+            os.kill(child, 0)  # the child still lives...
+            lock = tier.lock(digest)
+            assert lock.acquire(timeout=10)  # ...and the lock is free
+            lock.release()
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_try_and_timed_acquire(tmp_path):
@@ -66,7 +100,7 @@ def test_two_tiers_in_one_process_exclude_each_other(tmp_path):
         digest = make_blob(10).digest
         held = one.lock(digest)
         assert held.try_lock()
-        assert not two.lock(digest).try_lock()  # flock conflicts between open files, even in one process
+        assert not two.lock(digest).try_lock()  # locks conflict between open files, even in one process
         held.release()
         assert two.lock(digest).try_lock()
 
