@@ -441,11 +441,14 @@ class BlobIndex:
             f"SELECT {_ROW_COLUMNS} FROM blobs WHERE digest > ? ORDER BY digest LIMIT ?", (after, limit))]
 
     def insert_partial(self, digest: str, size: int, block_size: int, block_digests: bytes, gen: str,
-                       charged: int, now: float) -> None:
+                       charged: int, now: float, volatile_boot: str | None = None) -> None:
+        """A new partial blob; ``volatile_boot``: its blocks will be recorded without fdatasync
+        during that boot (see :meth:`record_block`)."""
         with self.write():
             self._exec("INSERT INTO blobs (digest, state, size, block_size, block_digests, gen, charged, "
-                       "last_access) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (digest, int(BlobState.PARTIAL), size, block_size, block_digests, gen, charged, now))
+                       "last_access, volatile_boot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (digest, int(BlobState.PARTIAL), size, block_size, block_digests, gen, charged, now,
+                        volatile_boot))
             self._add_used(charged)
 
     def restart_partial(self, digest: str, gen: str) -> None:

@@ -178,7 +178,8 @@ class CacheTier:
         return -(-size // self._unit) * self._unit
 
     def begin(self, digest: str, size: int, block_size: int, block_digests: Sequence[int], *,
-              rank: Rank | None = None, protect: Iterable[str] = frozenset()) -> PartialBlob:
+              rank: Rank | None = None, protect: Iterable[str] = frozenset(),
+              unsynced: bool = False) -> PartialBlob:
         """Start (or resume) filling a blob; reserves its size against the capacity.
 
         Resuming keeps the blocks already verified (``PartialBlob.verified``).
@@ -192,6 +193,8 @@ class CacheTier:
             block_digests: the expected xxh3-64 of each block.
             rank, protect: passed to :meth:`evict` if room must be made (``protect`` is not looked
                 at otherwise).
+            unsynced: its blocks will be recorded without fdatasync (``durable=False``): a new
+                blob's row says so from the start, so recording each block is one statement.
 
         Raises:
             ValueError: bad digest, size, block size or block digest count.
@@ -214,7 +217,7 @@ class CacheTier:
         self._reserve.ensure()
         short_on_disk = False
         for _ in range(_BEGIN_ATTEMPTS):
-            handle, deficit, short_on_disk = self._begin_once(digest, size, block_size, packed, need)
+            handle, deficit, short_on_disk = self._begin_once(digest, size, block_size, packed, need, unsynced)
             if handle is not None:
                 return handle
             # Evicting unlinks files; a file another process still has open or mapped keeps its
@@ -233,7 +236,7 @@ class CacheTier:
                         f"{used} of {self._capacity} bytes are taken by pinned, held or busy blobs")
 
     def _begin_once(self, digest: str, size: int, block_size: int, packed: bytes,
-                    need: int) -> tuple[PartialBlob | None, int, bool]:
+                    need: int, unsynced: bool) -> tuple[PartialBlob | None, int, bool]:
         """One try under the index's write lock: a handle, or (None, bytes that must be freed,
         whether the disk rather than the capacity is short of them).
 
@@ -289,7 +292,8 @@ class CacheTier:
                         self._undo_create(fd, path)
                         opened = None
                         return None, need, True  # another program took the room meanwhile
-                self._index.insert_partial(digest, size, block_size, packed, gen, need, time.time())
+                self._index.insert_partial(digest, size, block_size, packed, gen, need, time.time(),
+                                           self._boot if unsynced else None)
         except BaseException as exc:
             if opened is not None:
                 self._undo_create(*opened)

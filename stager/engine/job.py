@@ -252,7 +252,7 @@ class BlobJob:
         cache = ctx.cache
         partial = await ctx.in_disk_thread(
             cache.begin, ref.digest, ref.size, ref.block_size, ref.blocks,
-            rank=ctx.eviction_rank, protect=ctx.protected_digests())
+            rank=ctx.eviction_rank, protect=ctx.protected_digests(), unsynced=not ctx.config.durable)
         try:
             if partial.complete:  # committed by another process since we looked
                 ctx.stats.blobs_from_other_process += 1

@@ -132,3 +132,23 @@ def test_reconcile_is_stat_only_and_fast(tmp_path):
         elapsed = time.monotonic() - started
         assert tier.usage().complete == 100
     assert elapsed < 2
+
+
+def test_a_blob_begun_unsynced_records_each_block_in_one_statement_and_is_forgotten_after_a_reboot(tmp_path):
+    """Recording a block without fdatasync needs the blob's row to carry the boot id: set at begin, the
+    first block's record is one statement, not a transaction of its own after a failed one."""
+    cfg = config(tmp_path / "cache", 1024 * KiB)
+    blob = make_blob(40 * KiB)
+    with CacheTier(cfg) as tier:
+        statements: list[str] = []
+        with tier.begin(blob.digest, blob.size, blob.block_size, blob.blocks, unsynced=True) as partial:
+            tier._index._conn.set_trace_callback(statements.append)  # what the index's writer runs
+            partial.write_block(0, blob.block(0), durable=False)
+            tier._index._conn.set_trace_callback(None)
+            assert [s.split()[0] for s in statements] == ["INSERT"], statements
+            partial.write_block(1, blob.block(1), durable=False)
+        assert tier.record(blob.digest).verified == {0, 1}
+        tier._index._exec("UPDATE blobs SET volatile_boot = 'another-boot' WHERE digest = ?", (blob.digest,))
+    with CacheTier(cfg) as tier:  # as after a reboot: the unsynced blocks may not be on the disk
+        assert tier.last_reconcile.blocks_forgotten == 1
+        assert tier.record(blob.digest).verified == frozenset()
