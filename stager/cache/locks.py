@@ -87,10 +87,6 @@ class LockTable:
             return key in self._held
 
 
-class RangesUnsupported(Exception):
-    """The file system refuses open-file-description locks: lock per blob file instead."""
-
-
 def range_offset(digest: str) -> int:
     """The byte of :data:`RANGES_FILE` that is ``digest``'s lock."""
     return int(digest[:15], 16)
@@ -120,11 +116,11 @@ class LockRanges:
         self.usable = _OFD_SETLK is not None
         _OPEN_RANGES.add(self)
 
-    def try_lock(self, digest: str) -> bool:
-        """Lock ``digest``'s byte if no other open file holds it; False if one does.
+    def try_lock(self, digest: str) -> bool | None:
+        """Lock ``digest``'s byte if no other open file holds it; False if one does, None if the file
+        system refuses these locks (:attr:`usable` turns False: lock by files instead).
 
         Raises:
-            RangesUnsupported: the file system refuses these locks (:attr:`usable` turns False).
             OSError: the file cannot be opened.
         """
         try:
@@ -134,7 +130,7 @@ class LockRanges:
         except OSError as exc:
             if exc.errno in _UNSUPPORTED:
                 self.usable = False
-                raise RangesUnsupported(str(exc)) from exc
+                return None
             raise
         return True
 
@@ -267,10 +263,9 @@ class BlobLock:
     def _try_once(self) -> int | bool | None:
         ranges = self._ranges
         if ranges is not None and ranges.usable:
-            try:
-                return True if ranges.try_lock(self.digest) else None
-            except RangesUnsupported:
-                pass
+            taken = ranges.try_lock(self.digest)
+            if taken is not None:
+                return True if taken else None
         return try_flock(self._path)
 
     def _lock_until(self, deadline: float | None) -> int | bool | None:
