@@ -227,6 +227,12 @@ class BlobLock:
         """Whether this object holds the lock."""
         return self._held is not None
 
+    @property
+    def releases_at_once(self) -> bool:
+        """Whether :meth:`release` is one system call that never waits (a byte lock, not a file to
+        unlink): an event loop may call it itself."""
+        return self._held is True
+
     def try_lock(self) -> bool:
         """Take the lock if it is free right now; True if taken."""
         return self.acquire(timeout=0)

@@ -58,6 +58,11 @@ class PartialBlob:
         return self._gen is None
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the handle's file is closed)."""
+        return self._fd is None
+
+    @property
     def gen(self) -> str | None:
         """The generation of the partial file (None once the blob is complete)."""
         return self._gen

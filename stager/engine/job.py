@@ -211,7 +211,11 @@ class BlobJob:
             raise
 
     async def _release(self, lock: "BlobLock") -> None:
-        """``lock.release()`` (which unlinks the lock file) in a thread, to its end even if cancelled."""
+        """``lock.release()``: here if it never waits, else (a lock file to unlink) in a thread, to its
+        end even if cancelled."""
+        if lock.releases_at_once:
+            lock.release()
+            return
         try:
             released = self._ctx.lock_waiters.submit(lock.release)
         except RuntimeError:  # the engine is closing and its lock threads are gone: here, then
@@ -260,7 +264,8 @@ class BlobJob:
                 return
             await self._fill(partial)
         finally:
-            await ctx.in_disk_thread(partial.close)
+            if not partial.closed:  # a commit closes it in the same thread
+                await ctx.in_disk_thread(partial.close)
 
     async def _fill(self, partial: "PartialBlob") -> None:
         """Fetch what is wanted until the blob is committed, or nothing has been wanted for a while."""
@@ -295,7 +300,7 @@ class BlobJob:
                 if not inflight:
                     if self._whole is not None:  # every block is verified
                         try:
-                            path = await ctx.in_disk_thread(partial.commit)
+                            path = await ctx.in_disk_thread(_commit_and_close, partial)
                         except CacheCorrupt:
                             # Recorded blocks changed on the disk (forgotten by the commit): fetch them
                             # again, a few times at most; a disk that keeps rotting them fails the blob.
@@ -367,3 +372,10 @@ class BlobJob:
         block = self._blocks.get(index)
         if block is not None and not block.future.done():
             block.future.set_result(None)
+
+
+def _commit_and_close(partial: "PartialBlob") -> Path:
+    """Commit the blob and close its handle, in one trip to a disk thread (the job is done with it)."""
+    path = partial.commit()
+    partial.close()
+    return path

@@ -302,3 +302,41 @@ async def test_a_plans_window_digests_are_made_once_per_window(http_origin, tmp_
             moved = plan.window_digests()
             assert moved == {entry.digest for entry in list(manifest)[2:]} and moved is not first
             await plan.close()
+
+
+async def test_a_one_block_blob_takes_three_trips_to_the_disk_threads_and_none_to_give_back_its_lock(
+        http_origin, tmp_path, monkeypatch):
+    # With thousands of small shards, each hand-over between the event loop and a thread (two wake-ups)
+    # is a cost of its own: a blob's commit closes its handle in the same trip, and a byte lock is
+    # given back by the loop itself (one system call that never waits).
+    from collections import Counter
+
+    from stager.engine.disk_threads import DiskThreads
+
+    manifest = make_corpus(http_origin.root / "corpus", shards=4, tokens=10_000)
+    assert all(len(entry.blocks) == 1 for entry in manifest)
+    trips: Counter[str] = Counter()
+    start = DiskThreads.start
+
+    def counted(self, fn, *args, **kwargs):
+        trips[getattr(fn, "__name__", repr(fn))] += 1
+        return start(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(DiskThreads, "start", counted)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config()) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{http_origin.url}/corpus"))
+            lock_trips = Counter()
+            submit = engine.context.lock_waiters.submit
+
+            def counted_submit(fn, *args, **kwargs):
+                lock_trips[getattr(fn, "__name__", repr(fn))] += 1
+                return submit(fn, *args, **kwargs)
+
+            monkeypatch.setattr(engine.context.lock_waiters, "submit", counted_submit)
+            trips.clear()
+            await asyncio.wait_for(asyncio.gather(*(engine.ensure(dataset.ref(i)) for i in range(len(manifest)))), 60)
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+    blobs = len(manifest)
+    assert trips == {"begin": blobs, "write_verified": blobs, "_commit_and_close": blobs}, trips
+    assert lock_trips == {"attempt_lock": blobs}, lock_trips  # the tries; the releases are the loop's
