@@ -260,9 +260,9 @@ class CacheTier:
                     self._index.delete_blob(digest)
                     row = None
                 if row is not None:
-                    if opened is not None:
+                    if opened is not None:  # another process began it meanwhile
                         self._undo_create(*opened)
-                        opened = None
+                        opened = early = None
                     resumed = self._open_existing(row)
                     if resumed is not None:
                         return resumed, 0, False

@@ -164,3 +164,29 @@ def test_begins_and_commits_of_many_blobs_from_threads_keep_the_cache_whole(tmp_
         assert not partial_files(tier)
         counts = check_invariants(tier)
         assert all(tier.state(b.digest) is BlobState.COMPLETE for b in blobs), counts
+
+
+def test_a_blob_another_process_began_meanwhile_is_taken_from_its_row(tier, pool):
+    """Its row appeared between the look without the lock and the transaction; its file is gone (that
+    process died), so the row is dropped and the blob begun here, in a file made in the transaction."""
+    from stager.cache.blob_index import pack_block_digests
+
+    blob = make_blob(50 * KiB, seed=4)
+    with tier.lock(blob.digest):
+        with index_locked_elsewhere(tier) as other:
+            begun = pool.submit(tier.begin, blob.digest, blob.size, blob.block_size, blob.blocks)
+            wait_for(lambda: partial_files(tier), "the partial file")
+            (early,) = partial_files(tier)
+            charged = tier.charge(blob.size)
+            other.execute("INSERT INTO blobs (digest, state, size, block_size, block_digests, gen, charged, "
+                          "last_access) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                          (blob.digest, int(BlobState.PARTIAL), blob.size, blob.block_size,
+                           pack_block_digests(blob.blocks), "0123456789abcdef", charged, time.time()))
+            other.execute("UPDATE meta SET value = value + ? WHERE key = 'used'", (charged,))
+            other.execute("COMMIT")
+        with begun.result(WAIT) as partial:
+            assert not early.exists() and partial_files(tier) == [partial.path]
+            for index in partial.missing_blocks():
+                partial.write_block(index, blob.block(index))
+            assert partial.commit().read_bytes() == blob.data
+    check_invariants(tier)
