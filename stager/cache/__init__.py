@@ -56,8 +56,9 @@ Why a crash at any point leaves a consistent cache:
 Across processes: the index is shared through sqlite's own locking, blob
 fetches exclude each other through a lock on one byte each of one file
 (released by the kernel when a holder dies, see ``locks.py``), and holds
-protecting a process's prefetch window are ignored once that process is dead (pid + start time + boot id). Within a process,
-every method is thread-safe (the async engine runs the slow ones in a thread
+protecting a process's prefetch window are ignored once that process is
+dead (pid + start time + boot id). Within a process, every method is
+thread-safe (the async engine runs the slow ones in a thread
 pool). A ``CacheTier`` must not cross a ``fork()``: each process (a data
 loader worker too) opens its own, with ``reconcile=False`` if another process
 of the job already reconciled.

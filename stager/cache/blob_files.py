@@ -117,8 +117,7 @@ class BlobFiles:
             return dest  # another handle committed it
         if row is None or row.gen != gen:
             self._restore_writable(fd)
-            raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its commit; "
-                             "begin() it again")
+            raise _gone_before_commit(digest)
         # The rename and the directory's fsync happen before the transaction that records them, so
         # other blobs' begins and commits do not wait for this file system work: a partial row whose
         # file is complete under blobs/ is what a crash here leaves too, and any process that meets it
@@ -133,8 +132,7 @@ class BlobFiles:
                 if row is not None and row.state is BlobState.COMPLETE:
                     return dest
                 if row is None or row.gen != gen:
-                    raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its "
-                                     "commit; begin() it again") from None
+                    raise _gone_before_commit(digest) from None
                 repaired = repair_partial(self._index, self._layout, row, self._boot)
                 if repaired is None or repaired.state is not BlobState.COMPLETE:
                     raise CacheError(f"blob {digest}: the partial file vanished before its commit; "
@@ -183,8 +181,7 @@ class BlobFiles:
             return
         row = self._index.get(digest)
         if row is None or row.gen != gen:
-            raise CacheError(f"blob {digest}: the partial blob was evicted or removed before its commit; "
-                             "begin() it again")
+            raise _gone_before_commit(digest)
         try:
             bad, _ = check_blocks(self._layout.partial_path(digest, gen), row.size, row.block_size,
                                   row.block_digests)
@@ -206,6 +203,10 @@ class BlobFiles:
             os.fchmod(fd, 0o644)
         except OSError:
             pass
+
+
+def _gone_before_commit(digest: str) -> CacheError:
+    return CacheError(f"blob {digest}: the partial blob was evicted or removed before its commit; begin() it again")
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -186,9 +186,9 @@ class BlobJob:
 
     async def _try_lock(self, lock: "BlobLock") -> bool | None:
         """In a thread: None if the blob is complete, else ``lock.try_lock()``. Off the event loop, as
-        making the lock file waits for the file system's journal, behind the commits' fsyncs, and the
-        index's reads wait too: on the loop, a dataset of thousands of small files stalled it for
-        seconds (measured)."""
+        the index's read waits behind the commits' writes, and so does making a lock file where byte
+        locks are refused: on the loop, a dataset of thousands of small files stalled it for seconds
+        (measured)."""
         cache, digest = self._ctx.cache, self.ref.digest
 
         def attempt_lock() -> bool | None:
@@ -229,7 +229,8 @@ class BlobJob:
         False: the blob became complete meanwhile, or the blocks still wanted
         were all verified by the other process (their wants are served).
         """
-        # flock has no async wake-up: wait in a thread, in short tries so cancellation is prompt.
+        # Neither kind of blob lock has an async wake-up: wait in a thread, in short tries so
+        # cancellation is prompt.
         while True:
             if await self._lock_attempt(lock, lambda: lock.acquire(FOREIGN_LOCK_POLL)):
                 return True
