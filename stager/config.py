@@ -247,9 +247,10 @@ class FetchConfig:
     hedge: bool = True
     hedge_factor: float = 2.0  # a request slower than p95 * factor is raced
     hedge_min_delay: float = 0.2  # seconds; never hedge sooner than this
-    # fdatasync each block before the index records it. Off by default: a block survives a
-    # process kill in the page cache anyway, blocks recorded without it carry the boot id and
-    # are fetched again after a reboot, and complete blobs are always fsynced before commit.
+    # fdatasync each block before the index records it, and fsync each blob before its commit. Off
+    # by default: bytes survive a process kill in the page cache anyway; blocks recorded without it
+    # carry the boot id and are fetched again after a reboot, and blobs committed without it carry
+    # it too, and are hashed by every reader after a reboot before anything of them is served.
     durable: bool = False
     retry: RetryConfig = field(default_factory=RetryConfig)
 
@@ -279,9 +280,11 @@ class CacheConfig:
     directory: Path = field(default_factory=default_cache_dir)
     capacity: int | None = None
     capacity_share: float | None = 0.8
-    #: Write staged bytes with O_DIRECT, past the page cache (see stager/cache/direct.py); where the
-    #: filesystem refuses, writes go through the page cache whatever this says.
-    direct_writes: bool = True
+    #: Write staged bytes with O_DIRECT, past the page cache (see stager/cache/direct.py), instead of
+    #: through it; where the filesystem refuses, writes go through the page cache whatever this says.
+    #: Off by default: a disk slower than the link made direct writes the pace of staging (and held
+    #: the bytes waiting for it in memory), where the page cache takes them at once (benchmarks/README).
+    direct_writes: bool = False
     #: How much readers trust bytes already on the cache disk (see stager/cache/reader.py): "first"
     #: hashes each blob (the iterator) or block (the mount) the first time a process reads it, before
     #: serving it; "off" trusts the disk (every commit still re-hashes the whole file).

@@ -21,9 +21,10 @@ after eviction is :class:`~stager.errors.DiskFull` at once, never waited on.
 ``write_block`` pwrites a block the engine has verified, fdatasyncs it, and
 only then records it as verified. ``commit`` re-hashes the whole file against
 the blob's digest (a recorded block that rotted on the disk is forgotten and
-fetched again, never committed), fsyncs the file, makes it read-only,
-renames it into ``blobs/`` and fsyncs that directory, then marks the blob
-complete in a transaction of its own. The file system work of a begin and a
+fetched again, never committed), fsyncs the file unless its blocks were
+recorded without fdatasync (then the row keeps the boot id), makes it
+read-only, renames it into ``blobs/`` and fsyncs that directory (same
+condition), then marks the blob complete in a transaction of its own. The file system work of a begin and a
 commit stays out of the index's lock, which every other begin and commit of
 the cache waits for (with many small shards, that work held the lock for
 most of the time). Eviction and removal unlink the file inside the
@@ -33,9 +34,11 @@ file keeps reading it (POSIX).
 Why a crash at any point leaves a consistent cache:
 
 - a file under ``blobs/`` only ever appears by renaming a partial file whose
-  every block was verified and fsynced and whose whole bytes were re-hashed
-  just before, so it is complete and correct (when renamed: readers check
-  again what they read, see ``reader.py``);
+  every block was verified and whose whole bytes were re-hashed just before,
+  so it is complete and correct (when renamed: readers check again what they
+  read, see ``reader.py``); one committed without fsync carries the boot id,
+  and after a reboot its commit stamp is taken off, so every reader hashes it
+  before serving it (``reconcile.py``);
 - a block is recorded only after its bytes are on disk, so the index never
   claims a byte that is not there (blocks written with ``durable=False`` are
   safe against a process crash; after a reboot they are forgotten and fetched

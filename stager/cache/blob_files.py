@@ -6,8 +6,9 @@ not synced; a block another process verified), the layout (where the
 complete file goes), the direct writer (``O_DIRECT`` until the filesystem
 refuses it) and the table of open handles, closed with the tier. The commit
 re-hashes the whole file against the blob's digest (blocks that rotted on the
-disk since they were recorded are forgotten, to be fetched again), fsyncs it,
-makes it read-only and renames it into ``blobs/``, then marks it complete
+disk since they were recorded are forgotten, to be fetched again), fsyncs it
+(unless its blocks were recorded without fdatasync: the row then keeps the
+boot id), makes it read-only and renames it into ``blobs/``, then marks it complete
 in the index (a partial row whose complete file is in place counts as
 committed wherever it is met, as after a crash between the two).
 """
@@ -106,18 +107,23 @@ class BlobFiles:
                              "are not verified")
         self._check_before_commit(handle, fd, gen)
         dest = self._layout.complete_path(digest)
-        try:
-            os.fsync(fd)
-            os.fchmod(fd, 0o444)  # before the rename: a file under blobs/ is never writable
-            make_shard_dir(self._layout, digest)
-        except OSError as exc:
-            raise os_error(exc, f"committing blob {digest}") from exc
         row = self._index.get(digest)
         if row is not None and row.state is BlobState.COMPLETE:
             return dest  # another handle committed it
         if row is None or row.gen != gen:
-            self._restore_writable(fd)
             raise _gone_before_commit(digest)
+        # A blob whose blocks were recorded without fdatasync (durable=False) is committed without an
+        # fsync too: it stays marked with this boot, like its blocks were, and the kernel writes it back
+        # in its own time. Waiting for the disk here made a slow disk the pace of every stage.
+        synced = row.volatile_boot != self._boot
+        try:
+            if synced:
+                os.fsync(fd)
+            os.fchmod(fd, 0o444)  # before the rename: a file under blobs/ is never writable
+            make_shard_dir(self._layout, digest)
+        except OSError as exc:
+            self._restore_writable(fd)
+            raise os_error(exc, f"committing blob {digest}") from exc
         # The rename and the directory's fsync happen before the transaction that records them, so
         # other blobs' begins and commits do not wait for this file system work: a partial row whose
         # file is complete under blobs/ is what a crash here leaves too, and any process that meets it
@@ -142,7 +148,8 @@ class BlobFiles:
             self._restore_writable(fd)
             raise os_error(exc, f"committing blob {digest}") from exc
         try:
-            fsync_dir(dest.parent)
+            if synced:
+                fsync_dir(dest.parent)
             with self._index.write():
                 row = self._index.get(digest)
                 if row is not None and row.state is BlobState.COMPLETE:
@@ -151,7 +158,8 @@ class BlobFiles:
                     _unlink_quietly(dest)  # removed meanwhile; the file is this handle's (its lock)
                     raise CacheError(f"blob {digest}: the partial blob was removed during its commit; "
                                      "begin() it again")
-                self._index.mark_complete(digest, disk_charge(os.fstat(fd)), time.time())
+                self._index.mark_complete(digest, disk_charge(os.fstat(fd)), time.time(),
+                                          None if synced else self._boot)
         except OSError as exc:
             if isinstance(exc, CacheError):
                 raise

@@ -420,15 +420,17 @@ class BlobIndex:
         r = self._one("SELECT state FROM blobs WHERE digest = ?", (digest,))
         return BlobState(r[0]) if r else BlobState.ABSENT
 
-    def sizes_with_prefix(self, prefix: str) -> dict[str, tuple[int, int, int, str, float]]:
-        """``digest -> (state, size, charged, gen, last_access)`` for digests starting with ``prefix``.
+    def sizes_with_prefix(self, prefix: str) -> dict[str, tuple[int, int, int, str, float, str | None]]:
+        """``digest -> (state, size, charged, gen, last_access, volatile_boot)`` for digests starting
+        with ``prefix``.
 
         Plain tuples, not :class:`BlobRow`: start-up scans go over every row.
         'g' sorts after every hex digit, so ``[prefix, prefix + 'g')`` holds
         exactly the digests that start with ``prefix``.
         """
         return {r[0]: r[1:] for r in self._all(
-            "SELECT digest, state, size, charged, gen, last_access FROM blobs WHERE digest >= ? AND digest < ?",
+            "SELECT digest, state, size, charged, gen, last_access, volatile_boot FROM blobs "
+            "WHERE digest >= ? AND digest < ?",
             (prefix, prefix + "g"))}
 
     def rows_in_state(self, state: BlobState) -> list[BlobRow]:
@@ -468,13 +470,15 @@ class BlobIndex:
             self._add_used(-r[0])
             return int(r[0])
 
-    def mark_complete(self, digest: str, charged: int, now: float) -> None:
+    def mark_complete(self, digest: str, charged: int, now: float, volatile_boot: str | None = None) -> None:
+        """The blob is complete under ``blobs/``; ``volatile_boot``: its file was not fsynced, during
+        that boot (a reboot since may have lost bytes of it the kernel had not written back)."""
         with self.write():
             r = self._one("SELECT charged FROM blobs WHERE digest = ?", (digest,))
             if r is None:
                 return
-            self._exec("UPDATE blobs SET state = ?, charged = ?, last_access = ?, volatile_boot = NULL "
-                       "WHERE digest = ?", (int(BlobState.COMPLETE), charged, now, digest))
+            self._exec("UPDATE blobs SET state = ?, charged = ?, last_access = ?, volatile_boot = ? "
+                       "WHERE digest = ?", (int(BlobState.COMPLETE), charged, now, volatile_boot, digest))
             self._exec("DELETE FROM verified_blocks WHERE digest = ?", (digest,))
             self._add_used(charged - r[0])
 
@@ -532,6 +536,11 @@ class BlobIndex:
             else:
                 self._many("DELETE FROM verified_blocks WHERE digest = ? AND idx = ?",
                            [(digest, i) for i in indexes])
+
+    def settle(self, digest: str) -> None:
+        """The complete blob's file is known to be on the disk (or was checked since): no boot flag."""
+        self._exec("UPDATE blobs SET volatile_boot = NULL WHERE digest = ? AND state = ?",
+                   (digest, int(BlobState.COMPLETE)))
 
     def drop_orphan_block_records(self) -> None:
         """Block records of blobs that are no longer partial (cannot happen; cheap to make sure)."""

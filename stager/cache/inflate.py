@@ -8,7 +8,8 @@ once). This module keeps that decompressed form as a blob of its own, named
 by ``raw_digest``, in the same cache tier, so it goes through everything a
 blob does: ``begin`` reserves its size against the capacity (evicting what
 must go), its blocks are written and recorded, ``commit`` re-hashes the whole
-file against ``raw_digest``, fsyncs it and renames it into ``blobs/``, and
+file against ``raw_digest`` and renames it into ``blobs/`` (not fsynced: its
+blocks are recorded without fdatasync, so a reboot makes readers hash it), and
 eviction, ``stager verify`` and reconciliation treat it like any blob.
 Content addressing makes it shared: two datasets (or two names) of the same
 compressed bytes share one decompressed copy too.
@@ -44,7 +45,7 @@ memory for both passes, and let go when the blob is committed.
 Making one ahead (:meth:`Inflater.prepare`): the iterator asks for the
 decompressed forms of the next window's shards whose blobs are staged
 already, so the first read of a shard does not wait for its decompression,
-hashing, write and fsync on a cold start; each is made on a thread of its
+hashing and write on a cold start; each is made on a thread of its
 own, and :meth:`Inflater.open` waits for one being made instead of making it
 again. One that fails ahead is made again by ``open``, which reports why.
 

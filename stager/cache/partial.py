@@ -6,9 +6,10 @@ with ``fdatasync`` (unless the caller opts out) and only then recorded as
 verified in the index, so the index never claims a byte that is not on disk.
 Threads may write different blocks of one blob at once. ``commit`` re-hashes
 the whole file against the blob's digest (a verified block may have changed on
-the disk since; it is then forgotten, to be fetched again), fsyncs the file,
-makes it read-only and renames it into ``blobs/`` inside the index transaction
-that marks it complete.
+the disk since; it is then forgotten, to be fetched again), fsyncs the file
+(unless its blocks were recorded without fdatasync), makes it read-only and
+renames it into ``blobs/`` before the index transaction that marks it
+complete.
 """
 
 from __future__ import annotations
@@ -203,8 +204,8 @@ class PartialBlob:
             raise os_error(exc, f"reading block {index} of blob {self.digest}") from exc
 
     def commit(self) -> Path:
-        """Make the blob complete: re-hash the whole file, fsync, read-only, atomic rename into
-        ``blobs/``; returns its path.
+        """Make the blob complete: re-hash the whole file, fsync (unless its blocks were recorded
+        without fdatasync), read-only, atomic rename into ``blobs/``; returns its path.
 
         The re-hash (xxh3-128 of the whole file against the blob's digest) catches a
         verified block that changed on disk since it was written: such blocks are

@@ -32,7 +32,10 @@ that checked them). Rot on the disk reaches a reader only through a read from
 the disk, which the first map of a non-resident file in each process hashes.
 What stays unchecked: pages evicted and read from the disk again while a
 process that already checked the file keeps it mapped, or by a tool reading
-the cache files directly; ``stager verify`` scrubs those.
+the cache files directly; ``stager verify`` scrubs those. A file committed
+without fsync keeps its stamp only within its boot: after a reboot the
+cache's start-up takes it off (``reconcile.py``), since the disk may not hold
+all it was, and every reader hashes it.
 
 The policy is ``CacheConfig.verify_reads``: ``"first"`` (the default) as
 above, ``"off"`` trusts the disk (the commit check stays). A mismatch raises
@@ -137,6 +140,19 @@ def stamp_checked(fd: int) -> None:
     try:
         st = os.fstat(fd)
         os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns // 1_000_000_000 * 1_000_000_000 + STAMP_NS))
+    except OSError:
+        pass
+
+
+def clear_stamp(path: str | os.PathLike[str]) -> None:
+    """Take a file's commit stamp off (its mtime moves a nanosecond), so every reader hashes it again.
+
+    Best effort, like the stamp: a file system that refuses leaves it as it was.
+    """
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        if stamp_intact(st):
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1), follow_symlinks=False)
     except OSError:
         pass
 

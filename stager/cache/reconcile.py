@@ -16,6 +16,11 @@ still partial is promoted (its commit finds it complete). The rules:
   process crashed between commit's rename and its index update: promoted;
 - partial row otherwise: dropped (the partial file, if any, removed);
 - complete row without its file, or with a file of the wrong size: dropped;
+- complete row committed without fsync during another boot (``durable`` off):
+  the kernel may not have written all of it back before that boot ended, so
+  the file's commit stamp is taken off and every reader hashes it before
+  serving it (``reader.py``); a wrong file is dropped and fetched again there.
+  Hashing them all here would make a reboot cost a read of the cache;
 - a file under ``partial/`` or ``blobs/`` that no row accounts for, or whose
   name is not a blob's (a temporary or stray file): removed;
 - the capacity total is recomputed from the rows; lock files nobody holds and
@@ -31,6 +36,7 @@ from pathlib import Path
 
 from .blob_index import BlobIndex, BlobRow
 from .layout import SHARD_DIRS, CacheLayout, remove_stray_format_temps
+from .reader import clear_stamp
 from .records import BlobState
 
 
@@ -42,6 +48,7 @@ class ReconcileReport:
     rows_dropped: int = 0  # rows whose file was missing or wrong
     promoted: int = 0  # partial rows whose blob had been renamed into place
     blocks_forgotten: int = 0  # partial blobs whose unsynced blocks were forgotten after a reboot
+    unsynced_rechecked: int = 0  # complete blobs committed without fsync before a reboot: hashed by readers
     lock_files_removed: int = 0
     dead_owners: int = 0
 
@@ -85,15 +92,30 @@ def repair_partial(index: BlobIndex, layout: CacheLayout, row: BlobRow, this_boo
         return index.get(row.digest)
     if pst is not None:
         report.files_removed += _unlink(partial_path)
-    cst = _stat(layout.complete_path(row.digest))
+    complete_path = layout.complete_path(row.digest)
+    cst = _stat(complete_path)
     if cst is not None and cst.st_size == row.size:
-        # Only commit puts a file there, after every block was verified and fsynced.
-        index.mark_complete(row.digest, disk_charge(cst), row.last_access)
+        # Only commit puts a file there, after every block was verified (and fsynced, if durable).
+        _promote(index, row.digest, str(complete_path), cst, row.last_access, row.volatile_boot, this_boot)
         report.promoted += 1
         return index.get(row.digest)
     index.delete_blob(row.digest)
     report.rows_dropped += 1
     return None
+
+
+def _promote(index: BlobIndex, digest: str, path: str, st: os.stat_result, last_access: float,
+             volatile_boot: str | None, this_boot: str) -> None:
+    """Record a blob renamed into place as complete (see :func:`_settle_other_boot`)."""
+    index.mark_complete(digest, disk_charge(st), last_access, volatile_boot)
+    if volatile_boot is not None and volatile_boot != this_boot:
+        _settle_other_boot(index, digest, path)
+
+
+def _settle_other_boot(index: BlobIndex, digest: str, path: str) -> None:
+    """A complete blob committed without fsync during another boot: readers hash it from now on."""
+    clear_stamp(path)
+    index.settle(digest)
 
 
 def reconcile_partials(index: BlobIndex, layout: CacheLayout, this_boot: str, report: ReconcileReport) -> None:
@@ -109,7 +131,7 @@ def reconcile_partials(index: BlobIndex, layout: CacheLayout, this_boot: str, re
                 report.files_removed += _unlink(layout.partial_dir / name)
 
 
-def reconcile_complete(index: BlobIndex, layout: CacheLayout, report: ReconcileReport) -> None:
+def reconcile_complete(index: BlobIndex, layout: CacheLayout, this_boot: str, report: ReconcileReport) -> None:
     """``blobs/xx/`` against the rows, one transaction per first hex digit (16 shard directories)."""
     blobs_dir = str(layout.blobs_dir)
     complete = int(BlobState.COMPLETE)
@@ -118,7 +140,8 @@ def reconcile_complete(index: BlobIndex, layout: CacheLayout, report: ReconcileR
             rows = index.sizes_with_prefix(first)
             present: set[str] = set()
             for prefix in SHARD_DIRS[int(first, 16) * 16:(int(first, 16) + 1) * 16]:
-                _reconcile_shard(index, layout, os.path.join(blobs_dir, prefix), prefix, rows, present, report)
+                _reconcile_shard(index, layout, os.path.join(blobs_dir, prefix), prefix, rows, present, this_boot,
+                                 report)
             for digest, (state, *_) in rows.items():
                 if state == complete and digest not in present:
                     index.delete_blob(digest)
@@ -126,8 +149,8 @@ def reconcile_complete(index: BlobIndex, layout: CacheLayout, report: ReconcileR
 
 
 def _reconcile_shard(index: BlobIndex, layout: CacheLayout, shard: str, prefix: str,
-                     rows: dict[str, tuple[int, int, int, str, float]], present: set[str],
-                     report: ReconcileReport) -> None:
+                     rows: dict[str, tuple[int, int, int, str, float, str | None]], present: set[str],
+                     this_boot: str, report: ReconcileReport) -> None:
     try:
         entries = list(os.scandir(shard))
     except FileNotFoundError:  # made by the first commit that needs it
@@ -138,7 +161,7 @@ def _reconcile_shard(index: BlobIndex, layout: CacheLayout, shard: str, prefix: 
         if row is None or not name.startswith(prefix) or not entry.is_file(follow_symlinks=False):
             report.files_removed += _unlink(Path(entry.path))
             continue
-        state, size, charged, gen, last_access = row
+        state, size, charged, gen, last_access, volatile_boot = row
         st = entry.stat(follow_symlinks=False)
         if st.st_size != size:
             report.files_removed += _unlink(Path(entry.path))
@@ -147,10 +170,14 @@ def _reconcile_shard(index: BlobIndex, layout: CacheLayout, shard: str, prefix: 
         if state == BlobState.PARTIAL:
             # Renamed into place, then the process died before the index said so.
             report.files_removed += _unlink(layout.partial_path(name, gen))
-            index.mark_complete(name, disk_charge(st), last_access)
+            _promote(index, name, entry.path, st, last_access, volatile_boot, this_boot)
             report.promoted += 1
-        elif charged != st.st_blocks * 512:
+            continue
+        if charged != st.st_blocks * 512:
             index.set_charged(name, disk_charge(st))
+        if volatile_boot is not None and volatile_boot != this_boot:
+            _settle_other_boot(index, name, entry.path)
+            report.unsynced_rechecked += 1
 
 
 def reconcile(index: BlobIndex, layout: CacheLayout, this_boot: str) -> ReconcileReport:
@@ -158,7 +185,7 @@ def reconcile(index: BlobIndex, layout: CacheLayout, this_boot: str) -> Reconcil
     report = ReconcileReport()
     remove_stray_format_temps(layout)
     reconcile_partials(index, layout, this_boot, report)
-    reconcile_complete(index, layout, report)
+    reconcile_complete(index, layout, this_boot, report)
     index.drop_orphan_block_records()
     index.recompute_used()
     return report

@@ -32,11 +32,17 @@ def cache_flags(fn: Callable) -> Callable:
 
 
 def write_flags(fn: Callable) -> Callable:
-    """For commands that stage into the cache."""
-    return click.option("--direct-writes/--buffered-writes", default=True, show_default=True,
+    """For commands that stage into the cache: ``--direct-writes/--buffered-writes`` and ``--durable``."""
+    fn = click.option("--durable", is_flag=True, envvar="STAGER_DURABLE",
+                      help="fdatasync each block before it is recorded and fsync each shard before its commit, so "
+                           "what the cache holds survives a power loss (slower where the disk is slower than the "
+                           "link). Without it, what a power loss may have cost is fetched again, or hashed before "
+                           "it is read.")(fn)
+    return click.option("--direct-writes/--buffered-writes", default=False, show_default=True,
                         envvar="STAGER_DIRECT_WRITES",
                         help="Write staged bytes straight to the disk (O_DIRECT), not through the page cache "
-                             "(buffered where the filesystem refuses O_DIRECT).")(fn)
+                             "(less CPU where the disk keeps up with the link; buffered where the filesystem "
+                             "refuses O_DIRECT).")(fn)
 
 
 def fetch_flags(fn: Callable) -> Callable:
@@ -58,7 +64,7 @@ def fetch_flags(fn: Callable) -> Callable:
     return fn
 
 
-def cache_config(cache_dir: str | None, capacity: Capacity, direct_writes: bool = True) -> CacheConfig:
+def cache_config(cache_dir: str | None, capacity: Capacity, direct_writes: bool = False) -> CacheConfig:
     """The cache of a command from its ``--cache`` and (parsed) ``--capacity``."""
     directory = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     if directory == Path(LEGACY_CACHE_DIR).expanduser():
@@ -68,7 +74,8 @@ def cache_config(cache_dir: str | None, capacity: Capacity, direct_writes: bool 
 
 
 def fetch_config(concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float,
-                 **extra) -> FetchConfig:
+                 durable: bool = False, **extra) -> FetchConfig:
     """The fetch settings of a command from its (parsed) fetch flags; ``extra`` sets other fields."""
     retry = RetryConfig(deadline=retry_deadline, request_timeout=min(RetryConfig().request_timeout, retry_deadline))
-    return FetchConfig(concurrency=concurrency, bandwidth=bandwidth, hedge=not no_hedge, retry=retry, **extra)
+    return FetchConfig(concurrency=concurrency, bandwidth=bandwidth, hedge=not no_hedge, retry=retry,
+                       durable=durable, **extra)

@@ -41,7 +41,7 @@ from .options import SIZE, Capacity, source_config, storage_option_flag
                    "(a block changed on disk is fetched again); off: trust the cache disk.")
 def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str | None,
                   capacity: Capacity, concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float,
-                  direct_writes: bool, foreground: bool, readahead: int, allow_other: bool, log_file: Path | None,
+                  direct_writes: bool, durable: bool, foreground: bool, readahead: int, allow_other: bool, log_file: Path | None,
                   socket_path: Path | None, no_daemon: bool, verify_reads: str) -> None:
     """Mount SOURCE read-only at MOUNTPOINT, in the dataset's own layout, backed by the verified cache.
 
@@ -56,7 +56,7 @@ def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...]
     config = MountConfig(
         source=source_config(source, storage_option), mountpoint=mountpoint,
         cache=dataclasses.replace(cache_config(cache_dir, capacity, direct_writes), verify_reads=verify_reads),
-        fetch=fetch_config(concurrency, bandwidth, no_hedge, retry_deadline),
+        fetch=fetch_config(concurrency, bandwidth, no_hedge, retry_deadline, durable),
         readahead=ReadAheadConfig(window_bytes=readahead),
         allow_other=allow_other, session="embedded" if no_daemon else "auto", socket=socket_path)
     if foreground:

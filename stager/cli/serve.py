@@ -74,7 +74,7 @@ if TYPE_CHECKING:
               help="TOML config file (the same as `stager --config FILE serve`).")
 def serve_command(cache_dir: str | None, capacity: Capacity, concurrency: int,
                   bandwidth: int | None, no_hedge: bool,
-                  retry_deadline: float, direct_writes: bool, window: int, ahead_seconds: float,
+                  retry_deadline: float, direct_writes: bool, durable: bool, window: int, ahead_seconds: float,
                   socket_path: Path | None,
                   socket_group: str | None, metrics_address: str | None, drain_timeout: float, lease: float,
                   local_sources: bool, peer_listen: str | None, peers: str | None, peer_secret_file: str | None,
@@ -94,7 +94,7 @@ def serve_command(cache_dir: str | None, capacity: Capacity, concurrency: int,
     daemon = DaemonConfig(socket=socket_path or default_socket_path(), socket_group=socket_group,
                           metrics_address=metrics_address, drain_timeout=drain_timeout, lease=lease,
                           local_sources=local_sources)
-    fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline, window_bytes=window,
+    fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline, durable, window_bytes=window,
                          ahead_seconds=ahead_seconds)
     cluster = peer_config(peer_listen, peers, peer_secret_file, peer_tls_cert, peer_tls_key, peer_tls_ca,
                           peer_bandwidth)

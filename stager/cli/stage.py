@@ -50,14 +50,14 @@ if TYPE_CHECKING:
               help="Run the engine in this process even when a daemon serves the cache.")
 def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str | None, capacity: Capacity,
                   concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float, direct_writes: bool,
-                  limit: int | None, as_json: bool, socket_path: str | None, no_daemon: bool) -> None:
+                  durable: bool, limit: int | None, as_json: bool, socket_path: str | None, no_daemon: bool) -> None:
     """Stage every shard of SOURCE into the cache, verifying each block against the manifest.
 
     Exits 0 only when every requested shard is in the cache and verified. Safe to run
     again, or in several processes at once: what is verified is never fetched twice.
     When a node daemon (`stager serve`) serves the cache, it does the fetching.
     """
-    fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline)
+    fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline, durable)
     cache = cache_config(cache_dir, capacity, direct_writes)
     summary = run_async(_run(source_config(source, storage_option), cache, fetch, limit, socket_path, no_daemon))
     if as_json:

@@ -102,7 +102,7 @@ def test_a_staged_blob_bypasses_the_page_cache(tmp_path):
 
 def test_a_partial_blob_reads_back_direct_writes_and_its_buffered_tail(tmp_path):
     blob = make_blob(3 * MiB + 1234, block_size=MiB, seed=6)
-    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 * MiB)) as tier:
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 * MiB, direct_writes=True)) as tier:
         with tier.begin(blob.digest, blob.size, blob.block_size, blob.blocks) as partial:
             for i in reversed(range(blob.block_count)):  # the tail first: the file's last page is buffered
                 partial.write_block(i, blob.block(i), durable=False)
@@ -129,7 +129,7 @@ def test_a_filesystem_refusing_direct_writes_gets_buffered_writes(tmp_path, monk
         return real_pwritev(fd, buffers, offset)
 
     monkeypatch.setattr(os, "pwritev", refuse)
-    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 * MiB)) as tier:
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 * MiB, direct_writes=True)) as tier:
         with caplog.at_level("INFO", logger="stager.cache.blob_files"):
             path = fill(tier, blob, durable=False)
         assert path.read_bytes() == blob.data

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from stager.cache import BlobState, CacheTier
 from stager.cache.layout import new_generation
+from stager.cache.reader import STAMP_NS, VerifiedReads, stamp_intact
+from stager.errors import CacheCorrupt
 
 from .blobs import check_invariants, config, fill, make_blob
 
@@ -152,3 +156,74 @@ def test_a_blob_begun_unsynced_records_each_block_in_one_statement_and_is_forgot
     with CacheTier(cfg) as tier:  # as after a reboot: the unsynced blocks may not be on the disk
         assert tier.last_reconcile.blocks_forgotten == 1
         assert tier.record(blob.digest).verified == frozenset()
+
+
+def _zero_and_restamp(path) -> None:
+    """What a power loss can leave of a file the kernel had not written back: its metadata (the
+    commit's stamp among it) on the disk, its bytes not."""
+    st = os.stat(path)
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.write(bytes(st.st_size))
+    os.chmod(path, 0o444)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert stamp_intact(os.stat(path))
+
+
+def test_a_blob_committed_unsynced_is_not_fsynced_and_is_hashed_by_every_reader_after_a_reboot(tmp_path, monkeypatch):
+    cfg = config(tmp_path / "cache", 1024 * KiB)
+    unsynced, synced = make_blob(40 * KiB, seed=1), make_blob(40 * KiB, seed=2)
+    real_fsync, real_fdatasync, synced_files = os.fsync, os.fdatasync, []  # the files synced, by inode
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced_files.append(os.fstat(fd).st_ino), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "fdatasync",
+                        lambda fd: (synced_files.append(os.fstat(fd).st_ino), real_fdatasync(fd))[1])
+    with CacheTier(cfg) as tier:
+        inode = os.stat(fill(tier, unsynced, durable=False, unsynced=True)).st_ino
+        assert inode not in synced_files  # neither its blocks nor its file waited for the disk
+        assert tier._index.get(unsynced.digest).volatile_boot == tier._boot
+        inode = os.stat(fill(tier, synced, durable=True)).st_ino
+        assert synced_files.count(inode) == synced.block_count + 1  # each block, then the file
+        assert tier._index.get(synced.digest).volatile_boot is None
+        paths = {blob.digest: tier.complete_path(blob.digest) for blob in (unsynced, synced)}
+    assert all(stamp_intact(os.stat(path)) for path in paths.values())
+    with CacheTier(cfg) as tier:  # the same boot: nothing to do
+        assert tier.last_reconcile.unsynced_rechecked == 0
+        assert tier._index.get(unsynced.digest).volatile_boot == tier._boot
+        tier._index._exec("UPDATE blobs SET volatile_boot = 'another-boot' WHERE digest = ?", (unsynced.digest,))
+    _zero_and_restamp(paths[unsynced.digest])
+    with CacheTier(cfg) as tier:  # as after a reboot that lost the unsynced blob's bytes
+        assert tier.last_reconcile.unsynced_rechecked == 1
+        assert tier.state(unsynced.digest) is BlobState.COMPLETE  # stat only: no read of the cache here
+        assert tier._index.get(unsynced.digest).volatile_boot is None
+    assert not stamp_intact(os.stat(paths[unsynced.digest]))
+    assert stamp_intact(os.stat(paths[synced.digest]))
+    for path in paths.values():
+        path.read_bytes()  # every page in the page cache: a stamped file is then taken as it is
+    reads = VerifiedReads("first")
+    reads.map_blob(paths[synced.digest], synced.digest, synced.size)
+    assert reads.files_resident == 1
+    with pytest.raises(CacheCorrupt):
+        reads.map_blob(paths[unsynced.digest], unsynced.digest, unsynced.size)
+    assert reads.files_resident == 1 and reads.mismatches == 1  # hashed, not taken as it was
+
+
+def test_a_commit_renamed_unsynced_before_a_reboot_is_promoted_and_hashed_by_readers(tmp_path):
+    cfg = config(tmp_path / "cache", 1024 * KiB)
+    blob = make_blob(40 * KiB)
+    with CacheTier(cfg) as tier:
+        with tier.begin(blob.digest, blob.size, blob.block_size, blob.blocks, unsynced=True) as partial:
+            for i in partial.missing_blocks():
+                partial.write_block(i, blob.block(i), durable=False)
+            gen = tier._index.get(blob.digest).gen
+        tier._index._exec("UPDATE blobs SET volatile_boot = 'another-boot' WHERE digest = ?", (blob.digest,))
+    src = tmp_path / "cache" / "partial" / f"{blob.digest}.{gen}"
+    os.utime(src, ns=(0, 1_000_000_000 + STAMP_NS))  # stamped by the commit's check, renamed, then the reboot
+    os.chmod(src, 0o444)
+    dest = tmp_path / "cache" / "blobs" / blob.digest[:2] / blob.digest
+    dest.parent.mkdir()
+    os.rename(src, dest)
+    with CacheTier(cfg) as tier:
+        assert tier.last_reconcile.promoted == 1
+        assert tier.state(blob.digest) is BlobState.COMPLETE
+        assert tier._index.get(blob.digest).volatile_boot is None
+    assert not stamp_intact(os.stat(dest))
