@@ -13,6 +13,8 @@ from ..errors import CacheError, DiskFull
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 IOV_MAX = 1024  # buffers per pwritev (the Linux limit)
+#: The most bytes one write into the page cache asks for (see :func:`write_in_pieces`).
+PAGE_CACHE_WRITE = 64 * 1024
 
 
 def cut_views(views: Sequence[memoryview], at: int) -> tuple[list[memoryview], list[memoryview]]:
@@ -98,6 +100,22 @@ def readinto_exact(fd: int, view: memoryview, offset: int) -> None:
         if n == 0:
             raise CacheError(f"short read: wanted {total} bytes at offset {offset}, the file ends after {got}")
         got += n
+
+
+def write_in_pieces(fd: int, buffers: Sequence[bytes | bytearray | memoryview], offset: int,
+                    piece: int = PAGE_CACHE_WRITE) -> None:
+    """:func:`pwritev_all` in system calls of at most ``piece`` bytes: for writes into the page cache.
+
+    The kernel sizes the page-cache folios of a write by its length, so a 1 MiB write takes 1 MiB
+    folios: high-order pages, which on a virtual machine that hands its free memory back to the
+    host are the ones the host must fault in again. Measured on such a machine: 1 MiB writes
+    cost 1.6 to 1.7 CPU s per GiB, 64 KiB writes 0.4 to 0.7, the extra system calls included.
+    """
+    views = [memoryview(b).cast("B") for b in buffers]
+    while views:
+        head, views = cut_views(views, piece)
+        pwritev_all(fd, head, offset)
+        offset += sum(view.nbytes for view in head)
 
 
 def os_error(exc: OSError, what: str) -> CacheError:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..errors import CacheError
 from ..hashing import block_count, block_range
 from .direct import DirectRefused
-from .fileio import os_error, pread_exact, pwritev_all
+from .fileio import os_error, pread_exact, write_in_pieces
 
 if TYPE_CHECKING:
     from .blob_files import BlobFiles
@@ -151,7 +151,7 @@ class PartialBlob:
                     return
                 except DirectRefused:
                     self._files.refuse_direct()
-            pwritev_all(fd, buffers, offset)
+            write_in_pieces(fd, buffers, offset)
         except OSError as exc:
             raise os_error(exc, f"writing block {index} of blob {self.digest} in {self._files.directory}") from exc
 
