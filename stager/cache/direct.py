@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .fileio import IOV_MAX, cut_views, pwritev_all
+from ..diskio import IOV_MAX, cut_views, pwritev_all
 
 #: Alignment of memory, file offsets and lengths for direct writes (the largest logical block in use).
 ALIGN = 4096

@@ -19,10 +19,11 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from ..diskio import write_in_pieces
 from ..errors import CacheError
 from ..hashing import block_count, block_range
 from .direct import DirectRefused
-from .fileio import os_error, pread_exact, write_in_pieces
+from .fileio import os_error, pread_exact
 
 if TYPE_CHECKING:
     from .blob_files import BlobFiles

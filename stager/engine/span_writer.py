@@ -23,7 +23,7 @@ import xxhash
 
 from ..aio import to_the_end
 from ..cache.direct import ALIGN as DIRECT_ALIGN
-from ..cache.fileio import cut_views
+from ..diskio import cut_views
 from ..errors import CorruptData
 from ..hashing import block_range
 from ..store import RangeSink

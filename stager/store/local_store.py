@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
 
-from ..diskio import fsync_dir, pread_upto
+from ..diskio import fsync_dir, pread_upto, write_in_pieces
 from ..errors import ShardNotFound, TransientOriginError
 from .base import Check, InvalidRange, ObjectInfo, Store, Upload, run_check, validate_path, validate_range
 from .parts import PartLedger
@@ -301,11 +301,7 @@ def _open_temp(full: str) -> tuple[str, int]:
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
+    write_in_pieces(fd, [data], offset)  # into the page cache: see diskio.write_in_pieces
 
 
 

@@ -6,7 +6,7 @@ import os
 import random
 
 from stager.cache import CacheTier
-from stager.cache.fileio import PAGE_CACHE_WRITE, write_in_pieces
+from stager.diskio import PAGE_CACHE_WRITE, write_in_pieces
 from stager.cache.partial import PartialBlob
 
 from .blobs import config, make_blob
