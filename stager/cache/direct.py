@@ -71,7 +71,8 @@ class DirectWriter:
     def _buffer(self) -> np.ndarray:
         buffer = getattr(self._local, "buffer", None)
         if buffer is None:
-            buffer = np.frombuffer(mmap.mmap(-1, BUFFER_BYTES), dtype=np.uint8)  # page-aligned
+            private = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # not shmem, as a plain anonymous map is
+            buffer = np.frombuffer(mmap.mmap(-1, BUFFER_BYTES, flags=private), dtype=np.uint8)  # page-aligned
             self._local.buffer = buffer
         return buffer
 
