@@ -144,17 +144,16 @@ def stamp_checked(fd: int) -> None:
         pass
 
 
-def clear_stamp(path: str | os.PathLike[str]) -> None:
-    """Take a file's commit stamp off (its mtime moves a nanosecond), so every reader hashes it again.
-
-    Best effort, like the stamp: a file system that refuses leaves it as it was.
-    """
+def clear_stamp(path: str | os.PathLike[str]) -> bool:
+    """Take a file's commit stamp off (its mtime moves a nanosecond), so every reader hashes it again;
+    whether the file is now unstamped (False: it could not be changed, e.g. another user's file)."""
     try:
         st = os.stat(path, follow_symlinks=False)
         if stamp_intact(st):
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1), follow_symlinks=False)
     except OSError:
-        pass
+        return False
+    return True
 
 
 def stamp_intact(st: os.stat_result) -> bool:

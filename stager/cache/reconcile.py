@@ -113,9 +113,10 @@ def _promote(index: BlobIndex, digest: str, path: str, st: os.stat_result, last_
 
 
 def _settle_other_boot(index: BlobIndex, digest: str, path: str) -> None:
-    """A complete blob committed without fsync during another boot: readers hash it from now on."""
-    clear_stamp(path)
-    index.settle(digest)
+    """A complete blob committed without fsync during another boot: readers hash it from now on (the
+    row keeps its flag where the stamp could not be taken off, for a process that can to do it)."""
+    if clear_stamp(path):
+        index.settle(digest)
 
 
 def reconcile_partials(index: BlobIndex, layout: CacheLayout, this_boot: str, report: ReconcileReport) -> None:
