@@ -158,6 +158,18 @@ class Candidate:
     consumed: str | None
 
 
+class _Reader:
+    """One thread's read connection, and the lock its reads hold: :meth:`BlobIndex.close` (from any
+    thread) takes it before closing, since closing a connection that another thread is reading
+    through crashes the interpreter (sqlite3 frees what that read still uses)."""
+
+    __slots__ = ("conn", "lock")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+
 class BlobIndex:
     """The sqlite index of one cache directory, safe to share between threads.
 
@@ -175,7 +187,7 @@ class BlobIndex:
         self._lock = threading.RLock()
         self._tx_thread: int | None = None  # the thread inside write(), if any
         self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
+        self._readers: list[_Reader] | None = []  # None once closed
         self._readers_lock = threading.Lock()
         self._snapshot = False
         try:
@@ -357,20 +369,24 @@ class BlobIndex:
         except sqlite3.Error as exc:
             raise self._error(exc, what) from exc
 
-    def _reader(self) -> sqlite3.Connection | None:
+    def _reader(self) -> "_Reader | None":
         """This thread's read connection, or None inside this thread's write transaction
         (which must read through the writer to see its own changes)."""
         if self._tx_thread == threading.get_ident() or self._snapshot:
             return None
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
+        reader = getattr(self._local, "reader", None)
+        if reader is None:
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
                                    check_same_thread=False)
             conn.execute("PRAGMA query_only = ON")
-            self._local.conn = conn
+            reader = _Reader(conn)
             with self._readers_lock:
-                self._readers.append(conn)
-        return conn
+                if self._readers is None:  # closed: no new connection for a thread that comes late
+                    conn.close()
+                    raise sqlite3.ProgrammingError("the cache index is closed")
+                self._readers.append(reader)
+            self._local.reader = reader
+        return reader
 
     def _all(self, sql: str, params: Sequence = ()) -> list[tuple]:
         return self._read(sql, params, sqlite3.Cursor.fetchall)
@@ -383,7 +399,8 @@ class BlobIndex:
         try:
             reader = self._reader()
             if reader is not None:
-                return fetch(reader.execute(sql, params))
+                with reader.lock:  # against close() from another thread: a closed one raises, never crashes
+                    return fetch(reader.conn.execute(sql, params))
             with self._lock:
                 return fetch(self._conn.execute(sql, params))
         except sqlite3.Error as exc:
@@ -400,9 +417,10 @@ class BlobIndex:
 
     def close(self) -> None:
         with self._readers_lock:
-            readers, self._readers = self._readers, []
-        for conn in readers:
-            conn.close()
+            readers, self._readers = self._readers or [], None
+        for reader in readers:
+            with reader.lock:  # a read in progress on another thread ends first
+                reader.conn.close()
         with self._lock:
             try:
                 self._conn.execute("PRAGMA optimize")

@@ -190,3 +190,33 @@ def test_a_blob_another_process_began_meanwhile_is_taken_from_its_row(tier, pool
                 partial.write_block(index, blob.block(index))
             assert partial.commit().read_bytes() == blob.data
     check_invariants(tier)
+
+
+def test_closing_the_cache_while_other_threads_read_its_index_fails_their_reads_and_crashes_nothing(tmp_path):
+    """The engine's lock threads may still ask a blob's state after a cancelled job's engine closed
+    the cache (on another thread): a read through a connection closed under it crashed the
+    interpreter (a segfault in the full suite). Now it ends first, and later reads raise."""
+    blob = make_blob(40 * 1024)
+    for attempt in range(5):  # a few closes at random points of the readers' loops; bounded
+        tier = CacheTier(config(tmp_path / f"cache-{attempt}", 1 << 20))
+        started, outcomes = threading.Barrier(5), []
+
+        def read_until_closed() -> None:
+            started.wait(5)
+            for _ in range(20_000):  # bounded: the close comes within a few hundred reads
+                try:
+                    tier.state(blob.digest)
+                except CacheError:
+                    outcomes.append("refused")
+                    return
+            outcomes.append("never closed")
+
+        readers = [threading.Thread(target=read_until_closed) for _ in range(4)]
+        for thread in readers:
+            thread.start()
+        started.wait(5)
+        time.sleep(0.01 * attempt)
+        tier.close()
+        for thread in readers:
+            thread.join(30)
+        assert outcomes == ["refused"] * 4
