@@ -24,10 +24,10 @@ the blob's digest (a recorded block that rotted on the disk is forgotten and
 fetched again, never committed), fsyncs the file unless its blocks were
 recorded without fdatasync (then the row keeps the boot id), makes it
 read-only, renames it into ``blobs/`` and fsyncs that directory (same
-condition), then marks the blob complete in a transaction of its own. The file system work of a begin and a
-commit stays out of the index's lock, which every other begin and commit of
-the cache waits for (with many small shards, that work held the lock for
-most of the time). Eviction and removal unlink the file inside the
+condition), then marks the blob complete in a transaction of its own. The
+file system work of a begin and a commit stays out of the index's lock,
+which every other begin and commit of the cache waits for (with many small
+shards, that work held the lock for most of the time). Eviction and removal unlink the file inside the
 transaction that drops the row; a reader that already opened or mapped the
 file keeps reading it (POSIX).
 

@@ -112,11 +112,13 @@ def _promote(index: BlobIndex, digest: str, path: str, st: os.stat_result, last_
         _settle_other_boot(index, digest, path)
 
 
-def _settle_other_boot(index: BlobIndex, digest: str, path: str) -> None:
+def _settle_other_boot(index: BlobIndex, digest: str, path: str) -> bool:
     """A complete blob committed without fsync during another boot: readers hash it from now on (the
     row keeps its flag where the stamp could not be taken off, for a process that can to do it)."""
-    if clear_stamp(path):
-        index.settle(digest)
+    if not clear_stamp(path):
+        return False
+    index.settle(digest)
+    return True
 
 
 def reconcile_partials(index: BlobIndex, layout: CacheLayout, this_boot: str, report: ReconcileReport) -> None:
@@ -176,8 +178,7 @@ def _reconcile_shard(index: BlobIndex, layout: CacheLayout, shard: str, prefix: 
             continue
         if charged != st.st_blocks * 512:
             index.set_charged(name, disk_charge(st))
-        if volatile_boot is not None and volatile_boot != this_boot:
-            _settle_other_boot(index, name, entry.path)
+        if volatile_boot is not None and volatile_boot != this_boot and _settle_other_boot(index, name, entry.path):
             report.unsynced_rechecked += 1
 
 

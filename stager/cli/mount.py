@@ -41,8 +41,8 @@ from .options import SIZE, Capacity, source_config, storage_option_flag
                    "(a block changed on disk is fetched again); off: trust the cache disk.")
 def mount_command(source: str, mountpoint: Path, storage_option: tuple[str, ...], cache_dir: str | None,
                   capacity: Capacity, concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float,
-                  direct_writes: bool, durable: bool, foreground: bool, readahead: int, allow_other: bool, log_file: Path | None,
-                  socket_path: Path | None, no_daemon: bool, verify_reads: str) -> None:
+                  direct_writes: bool, durable: bool, foreground: bool, readahead: int, allow_other: bool,
+                  log_file: Path | None, socket_path: Path | None, no_daemon: bool, verify_reads: str) -> None:
     """Mount SOURCE read-only at MOUNTPOINT, in the dataset's own layout, backed by the verified cache.
 
     Staging goes through the node daemon when one serves --cache (`stager serve`), else through

@@ -169,7 +169,7 @@ class LocalUpload(Upload):
         offset = self._ledger.add(part_number, len(data))
         store = self._store
         await store._pace(len(data))
-        await store._run(_pwrite_all, fd, data, offset, what=f"{self._path} part {part_number}")
+        await store._run(write_in_pieces, fd, [data], offset, what=f"{self._path} part {part_number}")
         store.stats.bytes_written += len(data)
 
     async def complete(self) -> None:
@@ -300,12 +300,6 @@ def _open_temp(full: str) -> tuple[str, int]:
     return tmp, fd
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    write_in_pieces(fd, [data], offset)  # into the page cache: see diskio.write_in_pieces
-
-
-
-
 def _commit_temp(fd: int, tmp: str, full: str, size: int | None, durable: bool) -> None:
     """Finish a temporary file (fd open) and rename it over ``full``; the fd is closed either way."""
     try:
@@ -327,7 +321,7 @@ def _commit_temp(fd: int, tmp: str, full: str, size: int | None, durable: bool) 
 def _write_atomic(full: str, data: bytes, durable: bool) -> None:
     tmp, fd = _open_temp(full)
     try:
-        _pwrite_all(fd, data, 0)
+        write_in_pieces(fd, [data], 0)
     except BaseException:
         os.close(fd)
         _unlink_quiet(tmp)
