@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 
@@ -119,3 +120,27 @@ def test_a_job_whose_loop_closed_meanwhile_does_not_kill_its_worker():
         assert asyncio.run(still_working()) == 42
     finally:
         pool.shutdown()
+
+
+@pytest.mark.parametrize("durable, direct_writes", [(False, False), (True, False), (False, True)])
+async def test_writes_into_the_page_cache_get_a_thread_per_core_writes_that_wait_more(
+        tmp_path, durable, direct_writes):
+    """Page-cache writes are CPU work: more threads than cores only take turns at the interpreter.
+    Writes that wait for the device (fdatasync, O_DIRECT) keep its queue full with more."""
+    from stager.cache import CacheTier
+    from stager.config import CacheConfig, FetchConfig
+    from stager.engine import Engine
+
+    def disk_threads() -> int:
+        return sum(t.name.startswith("stager-disk") for t in threading.enumerate())
+
+    before = disk_threads()
+    cores = len(os.sched_getaffinity(0))
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20, direct_writes=direct_writes)) as cache:
+        async with Engine(cache, FetchConfig(concurrency=256, durable=durable)):
+            started = disk_threads() - before
+    if durable or direct_writes:
+        assert started == 8
+    else:
+        assert started == min(8, max(2, cores))
+    assert disk_threads() == before
