@@ -25,7 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import RetryConfig
-from ..errors import ShardNotFound, TransientOriginError
+from ..errors import ConfigError, ShardNotFound, StagerError, TransientOriginError
 from .base import Check, InvalidRange, ObjectInfo, Store, Upload, split_protocol, validate_path
 from .parts import PartLedger
 from .options import StoreOptions
@@ -124,11 +124,21 @@ class FsspecStore(Store):
         return f"{self.root}/{validate_path(path)}"
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call a filesystem method: ``_method`` awaited if async, ``method`` in the pool if not."""
-        if self._async:
-            return await getattr(self.fs, "_" + method)(*args, **kwargs)
-        fn = partial(getattr(self.fs, method), *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        """Call a filesystem method: ``_method`` awaited if async, ``method`` in the pool if not.
+
+        Raises:
+            ConfigError: the filesystem refused its arguments (``ValueError``: a path it cannot
+                parse, such as ``hf://x``, whose repository name is not one), which no retry mends.
+        """
+        try:
+            if self._async:
+                return await getattr(self.fs, "_" + method)(*args, **kwargs)
+            fn = partial(getattr(self.fs, method), *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        except StagerError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"{self._url}: {self.protocol}:// refused it: {exc}") from exc
 
     async def _run(self, method: str, *args: Any, what: str, **kwargs: Any) -> Any:
         """One retried, translated filesystem call."""

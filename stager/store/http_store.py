@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from ..errors import ConfigError, TransientOriginError
 from .base import ObjectInfo, UnsupportedOperation, Upload, validate_path
+from .endpoint import check_http_url
 from .http_client import error_from_response, last_modified
 from .options import StoreOptions
 from .range_body import parse_content_range
@@ -43,6 +44,7 @@ class HttpStore(SignedHttpStore):
         unknown = set(given) - HTTP_OPTIONS
         if unknown:
             raise ConfigError(f"{url}: storage options {sorted(unknown)} are not understood by the HTTP store")
+        check_http_url(url, url)
         self._base = url.rstrip("/")
         self.options = options
         self.stats, self.retry, self.bandwidth = options.machinery()

@@ -44,6 +44,7 @@ from urllib.parse import quote, urlsplit
 
 from ..errors import AccessDenied, ConfigError, ShardNotFound, TransientOriginError
 from .base import ObjectInfo, Upload
+from .endpoint import check_http_url
 from .fsspec_store import FsspecStore, vouched_md5
 from .http_client import error_from_response, last_modified
 from .parts import PartLedger
@@ -73,6 +74,12 @@ class S3Store(SignedHttpStore, FsspecStore):
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
                  options: StoreOptions = StoreOptions()) -> None:
+        _check_tables(url, storage_options or {})
+        given = given_endpoint(storage_options or {})
+        if given is not None:
+            check_http_url(*given)
+        if not url.split("://", 1)[-1].strip("/"):
+            raise ConfigError(f"{url}: no bucket in the URL (s3://bucket[/prefix])")
         self._direct = _direct_settings(storage_options or {})
         FsspecStore.__init__(self, url, storage_options, options=options)
         self._wire(options.concurrency)
@@ -83,10 +90,8 @@ class S3Store(SignedHttpStore, FsspecStore):
     @property
     def endpoint(self) -> str:
         """The S3 endpoint as the options or the ``AWS_ENDPOINT_URL*`` variables give it (AWS's own otherwise)."""
-        options = self._options
-        endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url") \
-            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        return str(endpoint) if endpoint else "AWS's default endpoint"
+        given = given_endpoint(self._options)
+        return given[0] if given is not None else "AWS's default endpoint"
 
     def _filesystem_class(self) -> type:
         try:
@@ -420,6 +425,31 @@ _DIRECT_CONFIG_KWARGS = frozenset({"connect_timeout", "read_timeout", "retries",
                                    "request_checksum_calculation"})
 
 
+def _check_tables(url: str, options: Mapping[str, Any]) -> None:
+    """The storage options that hold options of their own are tables (``-o client_kwargs.NAME=VALUE``)."""
+    for path in ("client_kwargs", "config_kwargs", "config_kwargs.s3"):
+        node: Any = options
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is not None and not isinstance(node, Mapping):
+            raise ConfigError(f"{url}: storage option {path} is a table of options (-o {path}.NAME=VALUE), "
+                              f"got {node!r}")
+
+
+def given_endpoint(options: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
+    """The endpoint the options or the environment give, and where it came from (``name=value``,
+    for error messages); None for AWS's own. The first given of ``endpoint_url``,
+    ``client_kwargs.endpoint_url``, ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL`` counts."""
+    client_kwargs = options.get("client_kwargs") or {}
+    for name, value in (("endpoint_url", options.get("endpoint_url")),
+                        ("client_kwargs.endpoint_url", client_kwargs.get("endpoint_url")),
+                        ("AWS_ENDPOINT_URL_S3", env.get("AWS_ENDPOINT_URL_S3")),
+                        ("AWS_ENDPOINT_URL", env.get("AWS_ENDPOINT_URL"))):
+        if value:
+            return str(value), f"{name}={value}"
+    return None
+
+
 def _direct_settings(options: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> _Direct | None:
     """Endpoint, region, keys and addressing when they are all given outright; None if botocore must find them.
 
@@ -442,10 +472,10 @@ def _direct_settings(options: Mapping[str, Any], env: Mapping[str, str] = os.env
     config_file = env.get("AWS_CONFIG_FILE") or str(Path("~/.aws/config").expanduser())
     if Path(config_file).exists():
         return None
-    endpoint = options.get("endpoint_url") or client_kwargs.get("endpoint_url") \
-        or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    if not endpoint:
+    given = given_endpoint(options, env)
+    if given is None:
         return None
+    endpoint = given[0]
     credentials: StaticCredentials | None = None
     if not options.get("anon"):
         key = options.get("key") or client_kwargs.get("aws_access_key_id")

@@ -23,6 +23,8 @@ from .runner import run, run_here
 
 PROGRESS = re.compile(r"^(hashing|staging|replicating) ")
 
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "stagertest", "AWS_SECRET_ACCESS_KEY": "stagertestsecret"}
+
 # (arguments, environment, what the error line must name); {placeholders} are filled in from `places`.
 CASES = {
     # bad flags and values on the command line
@@ -114,6 +116,24 @@ CASES = {
     "s3-endpoint-refused": (["stage", "s3://bucket/corpus", "--cache", "{cache}", "--retry-deadline", "0.5", "-o",
                              "endpoint_url={closed_http}", "-o", "key=stagertest", "-o", "secret=stagertestsecret"],
                             {}, "endpoint {closed_http}"),
+    # URLs a store cannot use: said before any request, naming where the URL came from
+    "http-bad-ipv6": (["stage", "http://[::1/corpus", "--cache", "{cache}"], {}, "http://[::1/corpus"),
+    "http-bad-port": (["stage", "http://127.0.0.1:99999/corpus", "--cache", "{cache}"], {}, "127.0.0.1:99999"),
+    "http-no-host": (["stage", "http://", "--cache", "{cache}"], {}, "http://"),
+    "s3-endpoint-env-bad": (["stage", "s3://bucket/corpus", "--cache", "{cache}"],
+                            {"AWS_ENDPOINT_URL_S3": "http://[::1", **S3_KEYS}, "AWS_ENDPOINT_URL_S3=http://[::1"),
+    "s3-endpoint-env-port": (["stage", "s3://bucket/corpus", "--cache", "{cache}"],
+                             {"AWS_ENDPOINT_URL_S3": "", "AWS_ENDPOINT_URL": "http://127.0.0.1:99999", **S3_KEYS},
+                             "AWS_ENDPOINT_URL=http://127.0.0.1:99999"),
+    "s3-endpoint-option-scheme": (["stage", "s3://bucket/corpus", "--cache", "{cache}", "-o", "endpoint_url=ftp://x"],
+                                  S3_KEYS, "endpoint_url=ftp://x"),
+    "s3-no-bucket": (["stage", "s3://", "--cache", "{cache}"], {"AWS_ENDPOINT_URL_S3": "{closed_http}", **S3_KEYS},
+                     "bucket"),
+    "s3-option-not-a-table": (["stage", "s3://bucket/corpus", "--cache", "{cache}", "-o", "client_kwargs=abc"],
+                              S3_KEYS, "client_kwargs"),
+    "s3-nested-option-not-a-table": (["stage", "s3://bucket/corpus", "--cache", "{cache}", "-o",
+                                      "config_kwargs.s3=abc"], S3_KEYS, "config_kwargs.s3"),
+    "fsspec-refuses-path": (["stage", "hf://x", "--cache", "{cache}"], {}, "hf://x"),
     "does-not-fit": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "400000B"], {}, "do not fit"),
     "too-large-for-cache": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "1000B"], {}, "larger than"),
     "index-task-group": (["index", "{odd}", "--concurrency", "4"], {}, "not a readable .npy file"),
@@ -124,7 +144,7 @@ CASES = {
 }
 
 REAL_PROCESS = {"deadline-nan", "unknown-flag", "unknown-command", "env-concurrency", "config-not-toml",
-                "bad-manifest", "origin-refused", "s3-endpoint-refused", "index-task-group", "window-zero"}
+                "bad-manifest", "origin-refused", "s3-endpoint-refused", "s3-endpoint-env-bad", "index-task-group", "window-zero"}
 
 
 @pytest.fixture(scope="module")
