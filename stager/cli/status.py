@@ -20,11 +20,11 @@ from rich.table import Table
 
 from ..cache import CacheTier, CacheUsage, DatasetSummary, VerifyReport
 from ..cache.blob_index import BlobIndex
-from ..cache.layout import CacheLayout
+from ..cache.layout import FORMAT_FILE, CacheLayout
 from ..cache.reserve import IndexReserve
 from ..cache.verify import scrub
 from ..config import CacheConfig
-from ..errors import DiskFull, StagerError
+from ..errors import CacheError, DiskFull, StagerError
 from ..event_loop import run_async
 from ..progress import stderr_console
 from . import cli
@@ -202,6 +202,9 @@ def verify_command(cache_dir: str | None, capacity: Capacity, sample: float | No
     consumer that next needs them. Exits 1 when anything failed verification.
     """
     config = cache_config(cache_dir, capacity)
+    if not CacheLayout(config.directory).format_path.is_file():
+        # Opening would make an empty cache there: a mistyped --cache would "verify" it and report nothing bad.
+        raise CacheError(f"{config.directory}: no stager cache there (no {FORMAT_FILE}): nothing to verify")
     try:
         cache = CacheTier(config, reconcile=False)
     except DiskFull as exc:

@@ -111,3 +111,12 @@ def test_stager_alone_shows_the_usage_not_an_error(capsys):
     result = run_here([], capsys)
     assert "Usage: stager" in result.stderr and "Commands:" in result.stderr
     assert "stager: error:" not in result.stderr
+
+
+def test_verify_of_a_directory_that_holds_no_cache_fails_and_makes_none(tmp_path, capsys):
+    missing = tmp_path / "mistyped"
+    assert_one_line_error(run_here(["verify", "--cache", str(missing)], capsys), str(missing), "no stager cache")
+    assert not missing.exists()
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(run_here(["verify", "--cache", str(tmp_path / "empty")], capsys), "nothing to verify")
+    assert list((tmp_path / "empty").iterdir()) == []

@@ -47,6 +47,8 @@ CASES = {
     "drain-nan": (["serve", "--cache", "{cache}", "--drain-timeout", "nan"], {}, "--drain-timeout"),
     "metrics-address": (["serve", "--cache", "{cache}", "--socket", "{socket}", "--metrics-address", "nonsense"], {},
                         "--metrics-address"),
+    # a mistyped --cache made an empty cache there, "verified" it and reported nothing bad (exit 0)
+    "verify-no-cache": (["verify", "--cache", "{tmp}/no-such-cache"], {}, "no-such-cache"),
     "sample-zero": (["verify", "--cache", "{cache}", "--sample", "0"], {}, "--sample"),
     "sample-nan": (["verify", "--cache", "{cache}", "--sample", "nan"], {}, "--sample"),
     "block-size": (["index", "{corpus}", "--block-size", "1"], {}, "--block-size"),
