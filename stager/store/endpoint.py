@@ -7,14 +7,24 @@ parser's bare ``ValueError``, after the command had started its work.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 
+_USERINFO = re.compile(r"//[^/@]*@")
 
-def check_http_url(url: str, named: str) -> None:
-    """Raise ``ConfigError`` naming ``named`` (where the URL came from) if ``url`` is not a usable
-    http(s) URL: another scheme, no host, a bracket left open, a port that is not one."""
+
+def shown_url(url: str) -> str:
+    """``url`` as an error message may show it: a user and password in it replaced by ``***``."""
+    return _USERINFO.sub("//***@", url, count=1)
+
+
+def check_http_url(url: str, given_as: str | None = None) -> None:
+    """Raise ``ConfigError`` if ``url`` is not a usable http(s) URL: another scheme, no host, a
+    bracket left open, a port that is not one. The message names ``given_as`` (the option or
+    variable it came from, as ``NAME=URL``) and never a password inside the URL."""
+    named = f"{given_as}={shown_url(url)}" if given_as else shown_url(url)
     try:
         parts = urlsplit(url)
         port = parts.port

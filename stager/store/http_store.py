@@ -44,7 +44,7 @@ class HttpStore(SignedHttpStore):
         unknown = set(given) - HTTP_OPTIONS
         if unknown:
             raise ConfigError(f"{url}: storage options {sorted(unknown)} are not understood by the HTTP store")
-        check_http_url(url, url)
+        check_http_url(url)
         self._base = url.rstrip("/")
         self.options = options
         self.stats, self.retry, self.bandwidth = options.machinery()

@@ -437,8 +437,8 @@ def _check_tables(url: str, options: Mapping[str, Any]) -> None:
 
 
 def given_endpoint(options: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
-    """The endpoint the options or the environment give, and where it came from (``name=value``,
-    for error messages); None for AWS's own. The first given of ``endpoint_url``,
+    """The endpoint the options or the environment give, and the name it was given as (for error
+    messages); None for AWS's own. The first given of ``endpoint_url``,
     ``client_kwargs.endpoint_url``, ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL`` counts."""
     client_kwargs = options.get("client_kwargs") or {}
     for name, value in (("endpoint_url", options.get("endpoint_url")),
@@ -446,7 +446,7 @@ def given_endpoint(options: Mapping[str, Any], env: Mapping[str, str] = os.envir
                         ("AWS_ENDPOINT_URL_S3", env.get("AWS_ENDPOINT_URL_S3")),
                         ("AWS_ENDPOINT_URL", env.get("AWS_ENDPOINT_URL"))):
         if value:
-            return str(value), f"{name}={value}"
+            return str(value), name
     return None
 
 

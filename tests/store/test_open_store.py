@@ -66,3 +66,23 @@ def test_bad_arguments():
         open_store(SourceConfig("/x", {"key": "k"}))
     with pytest.raises(ConfigError):
         open_store(SourceConfig("nosuchproto://x"))
+
+
+@pytest.mark.parametrize("url, options, env, named", [
+    ("http://me:hunter2hunter2@[::1/x", {}, {}, "http://***@[::1/x"),
+    ("http://me:hunter2hunter2@host:99999/x", {}, {}, "http://***@host:99999/x"),
+    ("s3://bucket/x", {"endpoint_url": "http://me:hunter2hunter2@[::1"}, {}, "endpoint_url=http://***@[::1"),
+    ("s3://bucket/x", {}, {"AWS_ENDPOINT_URL_S3": "ftp://me:hunter2hunter2@host"},
+     "AWS_ENDPOINT_URL_S3=ftp://***@host"),
+    ("s3://bucket/x", {"client_kwargs": {"endpoint_url": "http://"}}, {}, "client_kwargs.endpoint_url=http://"),
+])
+def test_an_unusable_url_is_refused_where_the_store_is_made_naming_it_without_its_password(
+        monkeypatch, url, options, env, named):
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as refused:
+        open_store(SourceConfig(url, options))
+    assert str(refused.value).startswith(named + ": "), refused.value
+    assert "hunter2" not in str(refused.value)
