@@ -52,6 +52,7 @@ from .stats import EngineStats
 
 log = logging.getLogger(__name__)
 
+
 def disk_thread_count(concurrency: int, *, waits_for_device: bool) -> int:
     """Threads for the cache's writes, records and commits.
 

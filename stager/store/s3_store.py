@@ -44,7 +44,7 @@ from urllib.parse import quote, urlsplit
 
 from ..errors import AccessDenied, ConfigError, ShardNotFound, TransientOriginError
 from .base import ObjectInfo, Upload
-from .endpoint import check_http_url
+from .endpoint import check_http_url, shown_url
 from .fsspec_store import FsspecStore, vouched_md5
 from .http_client import error_from_response, last_modified
 from .parts import PartLedger
@@ -89,9 +89,10 @@ class S3Store(SignedHttpStore, FsspecStore):
 
     @property
     def endpoint(self) -> str:
-        """The S3 endpoint as the options or the ``AWS_ENDPOINT_URL*`` variables give it (AWS's own otherwise)."""
+        """The S3 endpoint as the options or the ``AWS_ENDPOINT_URL*`` variables give it (AWS's own
+        otherwise), for messages: a user and password in it shown as ``***``."""
         given = given_endpoint(self._options)
-        return given[0] if given is not None else "AWS's default endpoint"
+        return shown_url(given[0]) if given is not None else "AWS's default endpoint"
 
     def _filesystem_class(self) -> type:
         try:

@@ -86,3 +86,11 @@ def test_an_unusable_url_is_refused_where_the_store_is_made_naming_it_without_it
         open_store(SourceConfig(url, options))
     assert str(refused.value).startswith(named + ": "), refused.value
     assert "hunter2" not in str(refused.value)
+
+
+def test_the_endpoint_errors_name_shows_no_password(monkeypatch):
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    store = open_store(SourceConfig("s3://bucket/x", {"endpoint_url": "http://me:hunter2hunter2@127.0.0.1:9",
+                                                      "key": "k", "secret": "s"}))
+    assert store.endpoint == "http://***@127.0.0.1:9"
