@@ -61,7 +61,7 @@ def sample(param: click.Option) -> tuple[str, object]:
     return "/stager-test/somewhere", "/stager-test/somewhere"
 
 
-@pytest.mark.parametrize("name, command, param", options())
+@pytest.mark.parametrize("name, command, param", list(options()))
 def test_each_setting_names_its_variable_in_help_and_the_variable_sets_it(name, command, param, monkeypatch):
     if param.name in PER_RUN.get(name, set()):
         assert not param.envvar, f"{name} --{param.name}: has a variable after all; drop it from PER_RUN"

@@ -21,7 +21,7 @@ def numeric_options():
                 yield pytest.param(name, command, param, id=f"{name}-{param.name}")
 
 
-@pytest.mark.parametrize("name, command, param", numeric_options())
+@pytest.mark.parametrize("name, command, param", list(numeric_options()))
 def test_no_option_takes_nan_inf_or_a_negative(name, command, param):
     if (name, param.name) in ANY_INTEGER:
         return
