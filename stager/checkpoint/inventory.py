@@ -113,6 +113,13 @@ async def read_manifest(url: str, options: dict) -> CheckpointManifest | None:
         return None
 
 
+def _without_trailing_slash(url: str) -> str:
+    """``url`` without the slashes it ends with, but never its scheme's: ``s3://`` made ``s3:``, a
+    local directory of that name, which listed nothing, where the S3 store says the bucket is missing."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rstrip('/')}" if sep else (url.rstrip("/") or url)
+
+
 async def list_checkpoints(run_url: str, options_for: OptionsFor, replicas: tuple[str, ...] = (),
                            staging: StagingDir | None = None) -> list[CheckpointState]:
     """Every checkpoint under ``run_url`` (and under each replica run URL given, and in ``staging``), by step.
@@ -120,7 +127,7 @@ async def list_checkpoints(run_url: str, options_for: OptionsFor, replicas: tupl
     Raises:
         OriginError: the run's store cannot be listed.
     """
-    run_url = run_url.rstrip("/")
+    run_url = _without_trailing_slash(run_url)
     names: set[str] = set()
     for root in (run_url, *replicas):
         try:

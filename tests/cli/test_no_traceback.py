@@ -135,6 +135,8 @@ CASES = {
                               S3_KEYS, "client_kwargs"),
     "s3-nested-option-not-a-table": (["stage", "s3://bucket/corpus", "--cache", "{cache}", "-o",
                                       "config_kwargs.s3=abc"], S3_KEYS, "config_kwargs.s3"),
+    # 's3://' lost its slashes and listed a local directory named 's3:': "no checkpoints", exit 0
+    "checkpoints-no-bucket": (["checkpoints", "list", "s3://"], S3_KEYS, "bucket"),
     "fsspec-refuses-path": (["stage", "hf://x", "--cache", "{cache}"], {}, "hf://x"),
     "does-not-fit": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "400000B"], {}, "do not fit"),
     "too-large-for-cache": (["stage", "{corpus}", "--cache", "{cache}", "--capacity", "1000B"], {}, "larger than"),
