@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +62,20 @@ def status_command(cache_dir: str | None, capacity: Capacity, as_json: bool, soc
                  "complete_blobs": c["complete_blobs"], "partial_blobs": c["partial_blobs"]}
         datasets = daemon["datasets"]
     else:
-        try:
-            cache = CacheTier(config, reconcile=False)  # only reads
-        except DiskFull as exc:
-            directory, u, summaries = _read_on_full_disk(config)
-            log.info("%s; read the index file alone", exc)
+        if (empty := _not_made_yet(config)) is not None:
+            directory, u, summaries = empty
         else:
             try:
-                u, summaries = cache.usage(), cache.datasets()
-            finally:
-                cache.close()
-            directory = str(cache.directory)
+                cache = CacheTier(config, reconcile=False)  # only reads
+            except DiskFull as exc:
+                directory, u, summaries = _read_on_full_disk(config)
+                log.info("%s; read the index file alone", exc)
+            else:
+                try:
+                    u, summaries = cache.usage(), cache.datasets()
+                finally:
+                    cache.close()
+                directory = str(cache.directory)
         datasets = [{"name": d.name, "blobs": d.blobs, "bytes": d.bytes, "complete": d.complete,
                      "partial": d.partial, "complete_bytes": d.complete_bytes} for d in summaries]
         usage = {"capacity": u.capacity, "used": u.used, "free": u.free, "complete_blobs": u.complete,
@@ -132,6 +136,24 @@ def _echo_cluster(c: dict[str, Any], engine: dict[str, Any]) -> None:
     click.echo(f"  staged {_size(staged['staged_from_origin'])} from the origin, "
                f"{_size(staged['staged_from_peers'])} from peers; sent {_size(c['bytes_to_peers'])} to peers; "
                f"peer failures: {failures}; {c['requests_unauthorized']} unauthorized requests refused")
+
+
+def _not_made_yet(config: CacheConfig) -> tuple[str, CacheUsage, list[DatasetSummary]] | None:
+    """An empty report for a cache directory that does not exist yet (or is empty), made without
+    creating anything there: opening it would make a cache, and status only looks. None otherwise
+    (a cache, or a directory holding something else, which opening refuses by name)."""
+    directory = config.directory
+    try:
+        if CacheLayout(directory).format_path.is_file() or (directory.exists() and any(directory.iterdir())):
+            return None
+        probe = directory
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        st = os.statvfs(probe)
+    except OSError:
+        return None  # opening it says what is wrong
+    capacity = min(config.capacity_bytes(), st.f_bavail * st.f_frsize)
+    return str(directory), CacheUsage(0, capacity, 0, 0), []
 
 
 def _read_on_full_disk(config: CacheConfig) -> tuple[str, CacheUsage, list[DatasetSummary]]:

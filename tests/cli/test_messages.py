@@ -120,3 +120,13 @@ def test_verify_of_a_directory_that_holds_no_cache_fails_and_makes_none(tmp_path
     (tmp_path / "empty").mkdir()
     assert_one_line_error(run_here(["verify", "--cache", str(tmp_path / "empty")], capsys), "nothing to verify")
     assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_status_of_a_cache_not_made_yet_reports_it_empty_and_makes_nothing(tmp_path, capsys):
+    missing = tmp_path / "not-yet" / "cache"
+    result = run_here(["status", "--cache", str(missing), "--json"], capsys)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["cache"] == str(missing) and report["used"] == 0 and report["datasets"] == []
+    assert report["capacity"] > 0
+    assert not (tmp_path / "not-yet").exists()
