@@ -105,8 +105,8 @@ class SpanWriter(RangeSink):
                 batch, rest = cut_views(batch, nbytes - keep)
                 nbytes -= keep
         if batch:
-            write = self._disk.start(
-                self._partial.write_into_block, self._index, self._batch_at, batch)
+            write = self._disk.start_in_turn(
+                self._partial, self._partial.write_into_block, self._index, self._batch_at, batch)
             self._writes.append(write)
             self._block_writes.append(write)
             self._batch_at += nbytes
@@ -120,8 +120,9 @@ class SpanWriter(RangeSink):
                 raise self._corrupt(index)
             nbytes = self._block_end - self._block_start
             if not self._block_writes:  # the whole block in one batch: write and record it in one go
-                done = self._disk.start(
-                    self._partial.write_verified, index, self._batch_at, self._batch, durable=self._durable)
+                done = self._disk.start_in_turn(
+                    self._partial, self._partial.write_verified, index, self._batch_at, self._batch,
+                    durable=self._durable)
                 done.add_done_callback(lambda f: f.cancelled() or f.exception() or self._verified(index, nbytes))
                 self._writes.append(done)
                 self._batch = []
@@ -166,6 +167,7 @@ async def write_held(disk: "DiskThreads", partial: "PartialBlob", ref: "BlobRef"
         if index in partial.verified:
             continue
         first, last = block_range(index, ref.size, ref.block_size)
-        await to_the_end(disk.start(partial.write_into_block, index, first, [view[first - start:last - start]]))
+        await to_the_end(disk.start_in_turn(partial, partial.write_into_block, index, first,
+                                            [view[first - start:last - start]]))
         await to_the_end(disk.start(partial.mark_verified, index, durable=durable))
         verified(index, last - first)

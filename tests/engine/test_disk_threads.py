@@ -144,3 +144,58 @@ async def test_writes_into_the_page_cache_get_a_thread_per_core_writes_that_wait
     else:
         assert started == min(8, max(2, cores))
     assert disk_threads() == before
+
+
+async def test_jobs_of_one_key_run_one_at_a_time_in_order_while_other_keys_go_on(threads):
+    """A file's writes take turns (two threads writing one file only spin on its inode lock); other
+    files' work is not held up behind them."""
+    running: dict[str, int] = {"a": 0, "b": 0}
+    most: dict[str, int] = {"a": 0, "b": 0}
+    order: list[int] = []
+    lock = threading.Lock()
+    b_ran = threading.Event()
+
+    def job(key: str, i: int) -> int:
+        with lock:
+            running[key] += 1
+            most[key] = max(most[key], running[key])
+        if key == "a":
+            b_ran.wait(0.2) if i == 0 else time.sleep(0.001)  # the first waits for a b job to run beside it
+            order.append(i)
+        else:
+            b_ran.set()
+        with lock:
+            running[key] -= 1
+        return i
+
+    a_jobs = [threads.start_in_turn("a", job, "a", i) for i in range(40)]
+    b_jobs = [threads.start_in_turn("b", job, "b", i) for i in range(5)]
+    assert await asyncio.wait_for(asyncio.gather(*a_jobs), 30) == list(range(40))
+    assert await asyncio.wait_for(asyncio.gather(*b_jobs), 30) == list(range(5))
+    assert order == list(range(40))
+    assert most == {"a": 1, "b": 1}
+    assert b_ran.is_set()  # b ran while a's first job was still on its thread
+
+
+async def test_a_failing_job_does_not_stop_its_keys_next_ones(threads):
+    def job(i: int) -> int:
+        if i == 2:
+            raise OSError("disk said no")
+        return i
+
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(threads.start_in_turn("k", job, i) for i in range(5)), return_exceptions=True), 30)
+    assert outcomes[:2] == [0, 1] and isinstance(outcomes[2], OSError) and outcomes[3:] == [3, 4]
+
+
+def test_shutdown_runs_the_jobs_still_waiting_for_their_turn():
+    pool = DiskThreads(2, "test-turns")
+    ran: list[int] = []
+
+    async def queue_them() -> None:
+        for i in range(30):
+            pool.start_in_turn("k", lambda i=i: (time.sleep(0.001), ran.append(i)))
+
+    asyncio.run(queue_them())
+    pool.shutdown()
+    assert ran == list(range(30))

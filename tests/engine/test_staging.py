@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import pytest
@@ -316,13 +317,18 @@ async def test_a_one_block_blob_takes_three_trips_to_the_disk_threads_and_none_t
     manifest = make_corpus(http_origin.root / "corpus", shards=4, tokens=10_000)
     assert all(len(entry.blocks) == 1 for entry in manifest)
     trips: Counter[str] = Counter()
-    start = DiskThreads.start
+    start, start_in_turn = DiskThreads.start, DiskThreads.start_in_turn
 
     def counted(self, fn, *args, **kwargs):
         trips[getattr(fn, "__name__", repr(fn))] += 1
         return start(self, fn, *args, **kwargs)
 
+    def counted_in_turn(self, key, fn, *args, **kwargs):
+        trips[getattr(fn, "__name__", repr(fn))] += 1
+        return start_in_turn(self, key, fn, *args, **kwargs)
+
     monkeypatch.setattr(DiskThreads, "start", counted)
+    monkeypatch.setattr(DiskThreads, "start_in_turn", counted_in_turn)
     with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
         async with Engine(cache, fetch_config()) as engine:
             dataset = await engine.open_dataset(SourceConfig(f"{http_origin.url}/corpus"))
@@ -340,3 +346,37 @@ async def test_a_one_block_blob_takes_three_trips_to_the_disk_threads_and_none_t
     blobs = len(manifest)
     assert trips == {"begin": blobs, "write_verified": blobs, "_commit_and_close": blobs}, trips
     assert lock_trips == {"attempt_lock": blobs}, lock_trips  # the tries; the releases are the loop's
+
+
+async def test_the_spans_of_one_blob_write_its_file_one_at_a_time(s3_bucket, tmp_path, monkeypatch):
+    """Several requests fill one blob at once, but its writes take turns on the disk threads: two
+    threads writing one file at once only spin on its inode lock (a tenth of a run's CPU)."""
+    from stager.cache import PartialBlob
+
+    manifest = make_corpus(s3_bucket.path / "corpus", shards=2, tokens=600_000)  # 1.2 MB: ten requests each
+    real = PartialBlob.write_into_block
+    lock = threading.Lock()
+    writing: dict[str, int] = {}
+    most = [0]
+    writes = [0]
+
+    def tracked(self, index, offset, buffers):
+        with lock:
+            writing[self.digest] = writing.get(self.digest, 0) + 1
+            most[0] = max(most[0], writing[self.digest])
+            writes[0] += 1
+        try:
+            time.sleep(0.002)  # long enough for a second writer of the same file to show up
+            return real(self, index, offset, buffers)
+        finally:
+            with lock:
+                writing[self.digest] -= 1
+
+    monkeypatch.setattr(PartialBlob, "write_into_block", tracked)
+    source = SourceConfig(f"{s3_bucket.url}/corpus", s3_bucket.storage_options())
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(concurrency=16)) as engine:
+            await asyncio.wait_for(stage_all(engine, source), 60)
+        assert_cache_matches(cache, manifest, s3_bucket.path / "corpus")
+    assert writes[0] >= 10
+    assert most[0] == 1
