@@ -1,8 +1,9 @@
 """Span writing: a request's body into its place in the partial file as it arrives, block by block.
 
 Each attempt at a span gets a :class:`SpanWriter` (a :class:`~stager.store.RangeSink`):
-the bytes go out in batched ``pwritev`` calls on the disk threads, a few
-batches in flight, so memory stays small whatever the sizes; each block is
+the bytes go out in batched ``pwritev`` calls on the disk threads (a batch
+gathers what arrives together, and goes once the bytes that had arrived are
+taken), a few batches in flight, so memory stays small whatever the sizes; each block is
 hashed on the way and checked at its end. A block that matches the manifest
 is recorded as verified at once and its waiters served while the rest of the
 request arrives; one that does not fails the attempt, which the source's
@@ -61,6 +62,7 @@ class SpanWriter(RangeSink):
         self._finishing: list[asyncio.Future[None]] = []  # blocks being recorded
         self._batch: list[memoryview] = []
         self._batch_bytes = 0
+        self._flush_due = False  # a flush of the batch waits for the bytes queued now to be taken
         self._start_block(first)
 
     def _start_block(self, index: int) -> None:
@@ -94,15 +96,27 @@ class SpanWriter(RangeSink):
                     self._writes.popleft().result()  # its error (disk full) ends the attempt
                 else:
                     await asyncio.shield(self._writes[0])
+        if self._batch and not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send the batch once the bytes that had arrived are taken and the next have not: a batch
+        does not wait for bytes to come, since the views it holds pin the receive buffers they are in,
+        and a connection may be waiting for one of those to come free before it reads on."""
+        self._flush_due = False
+        if self._batch and self._index <= self._last:
+            self._send_batch(keep_partial_page=True)
 
     def _send_batch(self, keep_partial_page: bool = False) -> None:
         """Write the batch; inside a block, the bytes past its last page boundary wait for the next
         batch (a batch then ends on a page boundary, so all its pages may go ``O_DIRECT``)."""
         batch, nbytes, rest = self._batch, self._batch_bytes, []
         if keep_partial_page:
-            keep = (self._batch_at + nbytes) % DIRECT_ALIGN
-            if keep < nbytes:
+            keep = min(nbytes, (self._batch_at + nbytes) % DIRECT_ALIGN)
+            if keep:
                 batch, rest = cut_views(batch, nbytes - keep)
+                rest = [memoryview(b"".join(rest))]  # a copy of less than a page: a view would pin a receive buffer
                 nbytes -= keep
         if batch:
             write = self._disk.start_in_turn(

@@ -34,6 +34,7 @@ import asyncio
 import mmap
 import socket
 import sys
+import time
 import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, Mapping
@@ -56,6 +57,18 @@ MAX_HEAD = 64 * 1024
 MAX_LINE = 8 * 1024
 #: Body bytes received but not yet taken before the socket stops being read (and resumes at half).
 HIGH_WATER = 2 << 20
+#: Bytes of receive buffers one session's connections may hold at once, views on their way to the disk
+#: included. A connection that needs a buffer past this gets a small one of its own for one read, then
+#: stops reading (its bytes wait in the kernel, the origin is slowed by TCP) until a buffer comes free.
+RECV_BUDGET = 96 << 20
+#: The size of that buffer of its own (room for a read of MIN_RECV after the skip that aligns a body).
+PAST_BUDGET_RECV = MIN_RECV + PAGE
+#: While connections wait for a buffer, the pool looks for one come free this often (seconds): a buffer
+#: is freed where its last view is dropped, on a disk thread, which tells nobody.
+BUFFER_POLL = 0.002
+#: If no buffer has come free for this long while connections wait, the first of them reads on anyway
+#: (once per this long), into a small buffer past the budget: whatever pins the buffers, nothing stalls.
+BUFFER_STUCK = 0.25
 #: Request bodies are handed to the transport in slices this large, waiting whenever it is full.
 SEND_SLICE = 1 << 20
 MAX_REDIRECTS = 10
@@ -360,7 +373,7 @@ _PRIVATE_MEMORY = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 
 
 class BufferPool:
-    """Receive buffers, each used again only once nothing refers to it any more.
+    """Receive buffers, each used again only once nothing refers to it any more, within a budget.
 
     A body is handed on as views of the buffer it was received into, and a
     consumer may keep those as long as it likes (until its disk write is
@@ -370,36 +383,84 @@ class BufferPool:
     the kernel hands back fresh pages, zeroed and faulted in one by one.
     Buffers are anonymous memory maps, so they start on a page boundary.
 
+    The pool keeps up to ``budget`` bytes of buffers. Past that, a connection
+    is given a small buffer of its own (freed with its last view) for one
+    read and told to wait: :meth:`wait_for_buffer` pauses it until one of the kept
+    buffers comes free. So the bytes a session holds for its requests stay
+    near the budget however many requests are in flight and however far the
+    disk or the CPU falls behind the network; the rest waits in the kernel.
+
     Each pool registers with :mod:`.held`, which tells what every pool of the
     process holds in buffers that something still refers to: the memory that
     requests in flight cost, which the engine keeps within a budget.
     """
 
-    def __init__(self, size: int = RECV_BUFFER, keep: int = 64) -> None:
+    def __init__(self, size: int = RECV_BUFFER, budget: int = RECV_BUDGET) -> None:
         self.size = size
-        self._keep = keep
+        self._keep = max(1, budget // size)
         self._buffers: deque[mmap.mmap] = deque()
+        self._waiting: deque[_Connection] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._handed_at = 0.0  # when a waiter was last told to read on
+        self.stuck = 0  # times a waiter read on past the budget because nothing came free
         held.register_pool(self)
 
-    def take(self) -> mmap.mmap:
+    def take(self) -> tuple[mmap.mmap, bool]:
+        """A buffer, and whether it is within the budget (if not, the taker is to :meth:`wait_for_buffer`
+        before it takes another)."""
         buffers = self._buffers
         for _ in range(len(buffers)):  # the oldest first: the likeliest to be free
             buffer = buffers[0]
             buffers.rotate(-1)
             if sys.getrefcount(buffer) <= 3:  # the deque, ``buffer`` and getrefcount's argument
-                return buffer
-        buffer = mmap.mmap(-1, self.size, flags=_PRIVATE_MEMORY)
+                return buffer, True
         if len(buffers) < self._keep:
+            buffer = mmap.mmap(-1, self.size, flags=_PRIVATE_MEMORY)
             buffers.append(buffer)
-        else:  # not kept: alive only while a view of it is
-            held.BYTES.grow(self.size)
-            weakref.finalize(buffer, held.BYTES.grow, -self.size)
-        return buffer
+            return buffer, True
+        # past the budget: a small one for one read, not kept (alive only while a view of it is)
+        size = min(self.size, PAST_BUDGET_RECV)
+        buffer = mmap.mmap(-1, size, flags=_PRIVATE_MEMORY)
+        held.BYTES.grow(size)
+        weakref.finalize(buffer, held.BYTES.grow, -size)
+        return buffer, False
 
     def bytes_in_use(self) -> int:
         """Bytes of the kept buffers that something refers to (a connection filling it, or views)."""
+        return self.size * (len(self._buffers) - self._free())
+
+    def wait_for_buffer(self, connection: "_Connection") -> None:
+        """Call ``connection.buffer_free()`` once a kept buffer is free (in turn with other waiters)."""
+        if not self._waiting:
+            self._handed_at = time.monotonic()
+        self._waiting.append(connection)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(BUFFER_POLL, self._hand_out)
+
+    def stop_waiting(self, connection: "_Connection") -> None:
+        try:
+            self._waiting.remove(connection)
+        except ValueError:
+            pass
+
+    def _hand_out(self) -> None:
+        self._timer = None
+        free = self._free()
+        now = time.monotonic()
+        if not free and now - self._handed_at >= BUFFER_STUCK:
+            free = 1  # nothing came free for a while: one reads on past the budget
+            self.stuck += 1
+        if free:
+            self._handed_at = now
+        while free and self._waiting:
+            self._waiting.popleft().buffer_free()
+            free -= 1
+        if self._waiting:
+            self._timer = asyncio.get_running_loop().call_later(BUFFER_POLL, self._hand_out)
+
+    def _free(self) -> int:
         # getrefcount's own argument and the loop variable hold it too, besides the deque
-        return self.size * sum(1 for buffer in self._buffers if sys.getrefcount(buffer) > 3)
+        return sum(1 for buffer in self._buffers if sys.getrefcount(buffer) <= 3)
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -413,7 +474,10 @@ class _Connection(asyncio.BufferedProtocol):
         self._filled = 0
         self._into: memoryview | None = None  # the last get_buffer gave this view of an answer's target
         self._response: Response | None = None
-        self._paused = False
+        self._paused = False  # for the answer's consumer, whose queue is full
+        self._starved = False  # for a receive buffer, the pool's budget being spent
+        self._over_budget = False  # the buffer being filled is past the pool's budget
+        self._stopped = False  # reading is paused (for either reason)
         self._writable: asyncio.Future[None] | None = None
 
     def expect(self, response: Response) -> None:
@@ -451,7 +515,8 @@ class _Connection(asyncio.BufferedProtocol):
             # Never the rest of a buffer given up: views of what it holds may still be kept.
             if not self._buffer:
                 held.RECEIVING.grow(1)
-            self._buffer = self._pool.take()
+            self._buffer, within = self._pool.take()
+            self._over_budget = not within
             self._filled = 0
             skip = body_offset % PAGE if body_offset is not None else 0
         self._filled += skip
@@ -473,6 +538,17 @@ class _Connection(asyncio.BufferedProtocol):
             self.close()
             return
         self._response.feed(self._buffer, start, self._filled)
+        if self._over_budget and not self.closed:  # read once into a buffer of its own: now wait for one
+            self._over_budget = False
+            self.let_go_of_buffer()  # what it holds stays alive while queued views of it do
+            self._starved = True
+            self._pool.wait_for_buffer(self)
+            self._set_reading()
+
+    def buffer_free(self) -> None:
+        """A kept buffer came free (told by the pool): read again, unless the consumer's queue is full."""
+        self._starved = False
+        self._set_reading()
 
     def eof_received(self) -> bool:
         self.closed = True
@@ -483,9 +559,7 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.let_go_of_buffer()
-        if self._paused:
-            self._paused = False
-            held.PAUSED.grow(-1)
+        self._forget_pauses()
         if self._response is not None:
             if exc is None:
                 self._response.ended_by_close()
@@ -518,18 +592,38 @@ class _Connection(asyncio.BufferedProtocol):
                     await asyncio.shield(self._writable)
 
     def pause(self) -> None:
-        if not self._paused and self.transport is not None and not self.closed:
+        """Stop reading: the answer's consumer has a full queue."""
+        if not self._paused:
             self._paused = True
-            held.PAUSED.grow(1)
-            self.transport.pause_reading()
+            self._set_reading()
 
     def resume(self) -> None:
-        if self._paused and self.transport is not None and not self.closed:
+        """Read again (unless waiting for a buffer): the consumer took from its queue."""
+        if self._paused:
             self._paused = False
-            held.PAUSED.grow(-1)
+            self._set_reading()
+
+    def _set_reading(self) -> None:
+        stop = self._paused or self._starved
+        if stop == self._stopped or self.transport is None or self.closed:
+            return
+        self._stopped = stop
+        held.PAUSED.grow(1 if stop else -1)
+        if stop:
+            self.transport.pause_reading()
+        else:
             self.transport.resume_reading()
 
+    def _forget_pauses(self) -> None:
+        if self._starved:
+            self._pool.stop_waiting(self)
+        self._paused = self._starved = False
+        if self._stopped:
+            self._stopped = False
+            held.PAUSED.grow(-1)
+
     def close(self) -> None:
+        self._forget_pauses()
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
@@ -542,17 +636,19 @@ class WireSession:
     """A pool of kept-alive connections, at most ``limit`` in use at once, and the requests over them.
 
     Create it anywhere; it binds to the event loop that first uses it.
-    ``headers`` go with every request (``Accept-Encoding: identity``: we
+    Its connections hold about ``recv_budget`` bytes of receive buffers at
+    most (see :class:`BufferPool`). ``headers`` go with every request (``Accept-Encoding: identity``: we
     verify the bytes the origin stores, so bodies are never decompressed).
     """
 
-    def __init__(self, limit: int, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, limit: int, headers: Mapping[str, str] | None = None, *,
+                 recv_budget: int | None = None) -> None:
         self._limit = max(1, limit)
         self._slots: asyncio.Semaphore | None = None
         self._idle: dict[_Key, list[_Connection]] = {}
         self._headers = {"Accept-Encoding": "identity", "User-Agent": "stager", **(headers or {})}
         self._ssl: ssl.SSLContext | None = None
-        self._pool = BufferPool()
+        self._pool = BufferPool(budget=RECV_BUDGET if recv_budget is None else recv_budget)
         self.closed = False
 
     def get(self, url: Any, headers: Mapping[str, str] | None = None, *,

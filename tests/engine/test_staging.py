@@ -380,3 +380,23 @@ async def test_the_spans_of_one_blob_write_its_file_one_at_a_time(s3_bucket, tmp
         assert_cache_matches(cache, manifest, s3_bucket.path / "corpus")
     assert writes[0] >= 10
     assert most[0] == 1
+
+
+async def test_a_spent_receive_budget_never_leaves_blocks_waiting_on_buffers_they_pin(
+        http_origin, fault_proxy, tmp_path, monkeypatch):
+    """Connections past the session's receive budget wait for a buffer to come free; a request's
+    batch of bytes for a block must not wait for more bytes meanwhile, since its views pin the very
+    buffers the waiting connections need (with a small budget and slow links, that stalled them all).
+    The pool's last resort (a waiter reading on past the budget when nothing came free for a while)
+    is turned off here, so only buffers that really come free keep the staging going."""
+    from stager.store import wire
+
+    monkeypatch.setattr(wire, "RECV_BUDGET", 4 * wire.RECV_BUFFER)
+    monkeypatch.setattr(wire, "BUFFER_STUCK", 1e9)
+    root = http_origin.root / "slow"
+    manifest = generate_corpus(root, shards=4, tokens_per_shard=4 << 20, seed=3, block_size=1 << 20)
+    proxy = fault_proxy(http_origin, FaultPlan(connection_bps=4_000_000))  # each answer trickles in
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=64 << 20)) as cache:
+        async with Engine(cache, fetch_config(concurrency=8, request_bytes=4 << 20)) as engine:
+            await asyncio.wait_for(stage_all(engine, SourceConfig(f"{proxy.url}/slow")), 60)
+        assert_cache_matches(cache, manifest, root)

@@ -16,7 +16,8 @@ import uvloop
 from stager.errors import OriginError, TransientOriginError
 from stager.store.translate import origin_error
 from stager.store.held import held_bytes, paused_connections, receiving_requests
-from stager.store.wire import HEAD_RECV, HIGH_WATER, PAGE, RECV_BUFFER, BufferPool, ProtocolError, RedirectLoop, WireSession
+from stager.store.wire import (HEAD_RECV, HIGH_WATER, PAGE, PAST_BUDGET_RECV, RECV_BUFFER, BufferPool, ProtocolError,
+                               RedirectLoop, WireSession)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -390,12 +391,13 @@ async def test_a_body_received_into_the_consumers_memory_lands_in_place_and_hold
 
 
 def test_buffers_beyond_those_kept_count_until_their_last_view_goes():
-    pool = BufferPool(size=RECV_BUFFER, keep=1)
+    pool = BufferPool(size=RECV_BUFFER, budget=RECV_BUFFER)
     base = held_bytes()
-    kept, spare = pool.take(), pool.take()
+    (kept, within), (spare, past) = pool.take(), pool.take()
+    assert within and not past  # the second is past the budget: its taker is to wait before the next
     view = memoryview(spare)[:10]
     del spare
-    assert held_bytes() - base == 2 * RECV_BUFFER  # the kept one (held here) and the view's
+    assert held_bytes() - base == RECV_BUFFER + PAST_BUDGET_RECV  # the kept one (held here), and the view's
     view.release()
     del view
     assert held_bytes() - base == RECV_BUFFER
@@ -550,7 +552,57 @@ def test_receive_buffers_are_private_memory_not_shmem():
     # An anonymous mmap is shared by default, and the kernel backs shared anonymous memory with
     # shmem pages: at a hundred connections, faulting fresh ones in cost more kernel time than
     # receiving into them (measured), where private pages are plain process memory.
-    buffer = BufferPool().take()
+    buffer, _ = BufferPool().take()
     address = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
     flags = _vm_flags(address)
     assert "sh" not in flags and "mr" in flags and "mw" in flags
+
+
+async def _peak_held_by_slow_consumers(recv_budget: int, requests: int, body: bytes) -> tuple[int, int, bool]:
+    """``requests`` GETs at once of ``body``, each chunk kept 50 ms after it is taken (a slow disk):
+    the most bytes held at once, the most connections paused at once, and whether every body came whole."""
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(answer(body))
+        await writer.drain()
+
+    base, base_paused = held_bytes(), paused_connections()
+    peak, most_paused = 0, 0
+    loop = asyncio.get_running_loop()
+    async with RawServer(handler) as server:
+        session = WireSession(requests, recv_budget=recv_budget)
+
+        async def one() -> bool:
+            got = bytearray()
+            async with session.get(server.url) as resp:
+                while True:
+                    chunk, _ = await resp.content.readchunk()
+                    if not chunk:
+                        return bytes(got) == body
+                    got += chunk
+                    loop.call_later(0.05, lambda kept=chunk: kept)  # the view lives until its write is done
+                    nonlocal peak, most_paused
+                    peak = max(peak, held_bytes() - base)
+                    most_paused = max(most_paused, paused_connections() - base_paused)
+                    await asyncio.sleep(0)
+
+        try:
+            whole = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(requests))), 60)
+        finally:
+            await session.close()
+    return peak, most_paused, all(whole)
+
+
+async def test_connections_wait_for_a_buffer_once_the_budget_is_spent_and_every_body_arrives_whole():
+    """However many requests are in flight and however slow their consumers, a session's receive
+    buffers stay near its budget: past it, a connection reads once into a buffer of its own, then
+    waits (paused, its bytes in the kernel) for a kept buffer to come free."""
+    body = os.urandom(6 << 20)
+    unbounded, _, whole = await _peak_held_by_slow_consumers(1 << 40, 16, body)
+    assert whole
+    budget = 4 * RECV_BUFFER
+    bounded, paused, whole = await _peak_held_by_slow_consumers(budget, 16, body)
+    assert whole
+    assert paused > 0
+    assert unbounded > 24 * RECV_BUFFER  # without a budget, slow consumers hold a couple of MiB each
+    assert bounded < unbounded / 2
