@@ -2,8 +2,9 @@
 
 Each attempt at a span gets a :class:`SpanWriter` (a :class:`~stager.store.RangeSink`):
 the bytes go out in batched ``pwritev`` calls on the disk threads (a batch
-gathers what arrives together, and goes once the bytes that had arrived are
-taken), a few batches in flight, so memory stays small whatever the sizes; each block is
+gathers the bytes of one receive buffer, and goes when the next bytes come
+from another: its views alone would then keep that buffer from being used
+again), a few batches in flight, so memory stays small whatever the sizes; each block is
 hashed on the way and checked at its end. A block that matches the manifest
 is recorded as verified at once and its waiters served while the rest of the
 request arrives; one that does not fails the attempt, which the source's
@@ -62,7 +63,7 @@ class SpanWriter(RangeSink):
         self._finishing: list[asyncio.Future[None]] = []  # blocks being recorded
         self._batch: list[memoryview] = []
         self._batch_bytes = 0
-        self._flush_due = False  # a flush of the batch waits for the bytes queued now to be taken
+        self._batch_source: object = None  # the receive buffer the batch's views are in (None: none is pinned)
         self._start_block(first)
 
     def _start_block(self, index: int) -> None:
@@ -76,6 +77,12 @@ class SpanWriter(RangeSink):
 
     async def write(self, chunk: bytes) -> None:
         view = memoryview(chunk)
+        # A view of a receive buffer the batch does not hold yet: the connection has moved on from the
+        # buffers the batch's views are in, and those views alone now keep them from being used again
+        # (a connection may be waiting for one of them to come free): the batch goes now.
+        source = view.obj if isinstance(chunk, memoryview) else None
+        if source is not self._batch_source and self._batch_source is not None:
+            self._send_batch(keep_partial_page=True)
         while len(view):
             if self._index > self._last:
                 raise CorruptData(f"{self._ref.path}: a body longer than its range")
@@ -85,6 +92,7 @@ class SpanWriter(RangeSink):
                 self._hasher.update(piece)
                 self._batch.append(piece)
                 self._batch_bytes += take
+                self._batch_source = source
             self._offset += take
             view = view[take:]
             if self._offset == self._block_end:
@@ -96,17 +104,6 @@ class SpanWriter(RangeSink):
                     self._writes.popleft().result()  # its error (disk full) ends the attempt
                 else:
                     await asyncio.shield(self._writes[0])
-        if self._batch and not self._flush_due:
-            self._flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        """Send the batch once the bytes that had arrived are taken and the next have not: a batch
-        does not wait for bytes to come, since the views it holds pin the receive buffers they are in,
-        and a connection may be waiting for one of those to come free before it reads on."""
-        self._flush_due = False
-        if self._batch and self._index <= self._last:
-            self._send_batch(keep_partial_page=True)
 
     def _send_batch(self, keep_partial_page: bool = False) -> None:
         """Write the batch; inside a block, the bytes past its last page boundary wait for the next
@@ -118,6 +115,7 @@ class SpanWriter(RangeSink):
                 batch, rest = cut_views(batch, nbytes - keep)
                 rest = [memoryview(b"".join(rest))]  # a copy of less than a page: a view would pin a receive buffer
                 nbytes -= keep
+        self._batch_source = None  # what is left, if anything, is a copy
         if batch:
             write = self._disk.start_in_turn(
                 self._partial, self._partial.write_into_block, self._index, self._batch_at, batch)
@@ -141,6 +139,7 @@ class SpanWriter(RangeSink):
                 self._writes.append(done)
                 self._batch = []
                 self._batch_bytes = 0
+                self._batch_source = None
             else:
                 self._send_batch()
                 self._finishing.append(asyncio.ensure_future(self._record(index, self._block_writes, nbytes)))
@@ -164,6 +163,7 @@ class SpanWriter(RangeSink):
 
     async def abort(self) -> None:
         self._batch = []
+        self._batch_source = None
         pending = [*self._writes, *self._finishing]
         if pending:
             await asyncio.wait(pending)  # threads cannot be stopped: let them end
