@@ -545,6 +545,15 @@ class _Connection(asyncio.BufferedProtocol):
             self._pool.wait_for_buffer(self)
             self._set_reading()
 
+    def idle(self) -> None:
+        """Kept alive for a later request: no buffer pinned, and read (to see the server close it), whatever
+        it was waiting for."""
+        self.let_go_of_buffer()
+        was_stopped = self._stopped
+        self._forget_pauses()
+        if was_stopped and self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
     def buffer_free(self) -> None:
         """A kept buffer came free (told by the pool): read again, unless the consumer's queue is full."""
         self._starved = False
@@ -707,7 +716,7 @@ class WireSession:
         if self.closed or connection.closed or len(pool) >= self._limit:
             connection.close()
         else:
-            connection.let_go_of_buffer()
+            connection.idle()
             pool.append(connection)
 
     def _ssl_context(self) -> ssl.SSLContext:

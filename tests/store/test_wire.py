@@ -606,3 +606,24 @@ async def test_connections_wait_for_a_buffer_once_the_budget_is_spent_and_every_
     assert paused > 0
     assert unbounded > 24 * RECV_BUFFER  # without a budget, slow consumers hold a couple of MiB each
     assert bounded < unbounded / 2
+
+
+async def test_a_connection_kept_alive_while_it_waited_for_a_buffer_is_idle_and_reused():
+    """An answer that ends within the read past the budget leaves its connection waiting for a buffer;
+    kept alive, it must stop waiting (and stop counting as paused) and serve the next request."""
+    async with RawServer(answering_in_turn([b"first", b"second"])) as server:
+        session = WireSession(1, recv_budget=RECV_BUFFER)
+        try:
+            (pinned, within) = session._pool.take()  # the one kept buffer, held as a slow disk write would
+            assert within
+            base_paused = paused_connections()
+            async with session.get(server.url) as resp:
+                assert await resp.read() == b"first"
+            assert paused_connections() == base_paused
+            assert not session._pool._waiting
+            del pinned
+            async with session.get(server.url) as resp:
+                assert await resp.read() == b"second"
+            assert server.connections == 1  # the same connection, kept alive
+        finally:
+            await session.close()
