@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from ..errors import BlobSourceError, CorruptData
 from ..hashing import block_digest, block_range
 from ..store import RangeSink
+from ..store.held import urgent_while
 from .hedging import hedged
 from .plan import URGENT
 from .source import ORIGIN, reset_request_priority, set_request_priority
@@ -130,8 +131,10 @@ class SpanFetch:
                                                sharing=max(sharing, gate.holders))
 
             began = time.monotonic()
-            data, hedge_won = await hedged(stream, delay if config.hedge else None, self._count_hedge,
-                                           make_hedge=in_memory)
+            span = self._span
+            with urgent_while(lambda: span.priority <= URGENT):  # a waiting consumer's bytes never wait for memory
+                data, hedge_won = await hedged(stream, delay if config.hedge else None, self._count_hedge,
+                                               make_hedge=in_memory)
             ctx.latency.record(time.monotonic() - began, end - start, sharing=(sharing + gate.holders) / 2)
             if hedge_won:  # the first request was cancelled and its writes settled: ours go over them
                 ctx.stats.hedges_won += 1

@@ -9,6 +9,11 @@ The client also counts its connections paused because their answer queued
 faster than its consumer took it: a sign that this host, not the origin, is
 what limits the requests in flight.
 Counts move from any thread: a buffer is freed where its last view is dropped.
+
+A request a consumer is blocked on is not held to the client's budget of
+receive buffers (its connection never waits for one): :func:`urgent_while`
+marks the requests a task makes from then on, by a test read live, since a
+prefetch becomes urgent when a consumer catches up with it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from __future__ import annotations
 import threading
 import weakref
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from contextvars import ContextVar
+from typing import Callable, Iterator, Protocol
 
 
 class _Pool(Protocol):
@@ -72,3 +78,27 @@ def holding(nbytes: int) -> Iterator[None]:
     finally:
         BYTES.grow(-nbytes)
         RECEIVING.grow(-1)
+
+
+def _never() -> bool:
+    return False
+
+
+#: Whether the request the current task makes is one a consumer waits on, asked live.
+_URGENT: ContextVar[Callable[[], bool]] = ContextVar("stager_urgent_request", default=_never)
+
+
+@contextmanager
+def urgent_while(test: Callable[[], bool]) -> Iterator[None]:
+    """Requests made in the ``with`` (by this task and the tasks it starts) go past the receive
+    budget whenever ``test()`` says a consumer waits on them."""
+    token = _URGENT.set(test)
+    try:
+        yield
+    finally:
+        _URGENT.reset(token)
+
+
+def urgency() -> Callable[[], bool]:
+    """The test :func:`urgent_while` set for the current task's requests (always False if none)."""
+    return _URGENT.get()

@@ -126,6 +126,7 @@ class Response:
         self._waiter: asyncio.Future[None] | None = None
         self._head_done = asyncio.get_running_loop().create_future()
         self.target: memoryview | None = None  # where the rest of a body of known length is received
+        self.urgent = held.urgency()  # a consumer waits on it (asked live): it never waits for a buffer
 
     @property
     def done(self) -> bool:
@@ -540,6 +541,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._response.feed(self._buffer, start, self._filled)
         if self._over_budget and not self.closed:  # read once into a buffer of its own: now wait for one
             self._over_budget = False
+            if self._response is None or self._response.urgent():
+                return  # the answer has ended, or a consumer waits on it (it reads on, a small buffer at a time)
             self.let_go_of_buffer()  # what it holds stays alive while queued views of it do
             self._starved = True
             self._pool.wait_for_buffer(self)

@@ -315,3 +315,53 @@ async def test_an_urgent_block_overtakes_prefetch_with_the_controller_active(htt
             # it went ahead of the queue: most prefetched blobs are still being fetched
             assert sum(not w.done() for w in whole) >= len(whole) // 2
             await asyncio.wait_for(asyncio.gather(*whole), 90)
+
+
+async def test_an_urgent_block_overtakes_prefetch_waiting_for_receive_buffers(http_origin, fault_proxy, tmp_path,
+                                                                              monkeypatch):
+    """Past the receive budget prefetch connections wait for a buffer to come free (here a slow disk
+    keeps every buffer busy); the request for a block a consumer is blocked on never waits with them."""
+    import time
+
+    from stager.cache import PartialBlob
+    from stager.store import wire
+
+    monkeypatch.setattr(wire, "RECV_BUDGET", 2 * wire.RECV_BUFFER)
+    monkeypatch.setattr(wire, "BUFFER_STUCK", 1e9)  # no last resort: only urgency lets a request read on
+    root = http_origin.root / "corpus"
+    manifest = make_corpus(root, shards=8, tokens=1_000_000)  # 2 MB each
+    urgent_digest = manifest[len(manifest) - 1].digest
+    real_write = PartialBlob.write_into_block
+
+    def slow_disk(self, index, offset, buffers):  # prefetch's writes hold their buffers a while
+        if self.digest != urgent_digest:
+            time.sleep(0.05)
+        return real_write(self, index, offset, buffers)
+
+    real_wait = wire.BufferPool.wait_for_buffer
+    waits = {"urgent": 0, "prefetch": 0}
+
+    def counting(self, connection):
+        response = connection._response
+        waits["urgent" if response is not None and response.urgent() else "prefetch"] += 1
+        real_wait(self, connection)
+
+    monkeypatch.setattr(PartialBlob, "write_into_block", slow_disk)
+    monkeypatch.setattr(wire.BufferPool, "wait_for_buffer", counting)
+    proxy = fault_proxy(http_origin, FaultPlan(connection_bps=4_000_000))
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=256 << 20)) as cache:
+        async with Engine(cache, fetch_config(concurrency=8, request_bytes=1 << 20)) as engine:
+            dataset = await engine.open_dataset(SourceConfig(f"{proxy.url}/corpus"))
+            whole = [asyncio.ensure_future(engine.ensure(dataset.ref(i), priority=float(10 + i)))
+                     for i in range(len(manifest) - 1)]
+            for _ in range(500):  # bounded: until prefetch connections wait for buffers
+                if waits["prefetch"] >= 4:
+                    break
+                await asyncio.sleep(0.01)
+            assert waits["prefetch"] >= 4
+            last = dataset.ref(len(manifest) - 1)
+            data = await asyncio.wait_for(engine.read_block(last, 3), 20)
+            assert data == (root / last.path).read_bytes()[3 * BLOCK:4 * BLOCK]
+            assert sum(not w.done() for w in whole) >= len(whole) // 2  # it went ahead of them
+            await asyncio.wait_for(asyncio.gather(*whole), 120)
+    assert waits["urgent"] == 0

@@ -627,3 +627,34 @@ async def test_a_connection_kept_alive_while_it_waited_for_a_buffer_is_idle_and_
             assert server.connections == 1  # the same connection, kept alive
         finally:
             await session.close()
+
+
+async def test_a_request_a_consumer_waits_on_never_waits_for_a_buffer(monkeypatch):
+    """Past the budget, prefetch waits for a buffer to come free, but the bytes a consumer is blocked on
+    keep coming: such a request reads on, a small buffer at a time."""
+    from stager.store import wire
+    from stager.store.held import urgent_while
+
+    monkeypatch.setattr(wire, "BUFFER_STUCK", 1e9)  # no last resort: only urgency lets it read on
+    body = os.urandom(4 << 20)
+    async with RawServer(answering_in_turn([body, body])) as server:
+        session = WireSession(1, recv_budget=RECV_BUFFER)
+        try:
+            pinned, _ = session._pool.take()  # the one kept buffer, held as a slow disk write would
+            urgent = [False]
+            with urgent_while(lambda: urgent[0]):
+                async with session.get(server.url) as resp:
+                    first, _ = await resp.content.readchunk()  # the first read, past the budget
+                    await asyncio.sleep(0.1)
+                    assert session._pool._waiting  # prefetch: waiting for a buffer
+                    urgent[0] = True  # a consumer caught up with it
+                    del pinned  # (nothing else frees a buffer; the poll hands it out)
+                    rest = await asyncio.wait_for(resp.read(), 10)
+                    assert bytes(first) + rest == body
+                assert not session._pool._waiting
+                pinned, _ = session._pool.take()  # pinned again: only urgency gets the next body through
+                async with session.get(server.url) as resp:
+                    assert await asyncio.wait_for(resp.read(), 10) == body
+                    assert not session._pool._waiting
+        finally:
+            await session.close()
