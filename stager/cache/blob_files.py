@@ -158,7 +158,7 @@ class BlobFiles:
                     _unlink_quietly(dest)  # removed meanwhile; the file is this handle's (its lock)
                     raise CacheError(f"blob {digest}: the partial blob was removed during its commit; "
                                      "begin() it again")
-                self._index.mark_complete(digest, disk_charge(os.fstat(fd)), time.time(),
+                self._index.mark_complete(digest, disk_charge(os.fstat(fd), row.charged), time.time(),
                                           None if synced else self._boot)
         except OSError as exc:
             if isinstance(exc, CacheError):

@@ -71,9 +71,15 @@ def _unlink(path: Path) -> bool:
         return False
 
 
-def disk_charge(st: os.stat_result) -> int:
-    """What a complete file costs against the capacity: the disk blocks it really uses."""
-    return st.st_blocks * 512
+def disk_charge(st: os.stat_result, reserved: int) -> int:
+    """What a complete file costs against the capacity: the disk blocks it really uses, but no more
+    than ``reserved`` (what its begin reserved, or what it is charged already).
+
+    A file system may count blocks of its own books in a file: ext4 an extent-tree block for a file
+    written out of order and synced in parts, until the writeback merges its extents. No begin made
+    room for those, so charging them put a full cache over its capacity.
+    """
+    return min(st.st_blocks * 512, reserved)
 
 
 def repair_partial(index: BlobIndex, layout: CacheLayout, row: BlobRow, this_boot: str,
@@ -96,7 +102,8 @@ def repair_partial(index: BlobIndex, layout: CacheLayout, row: BlobRow, this_boo
     cst = _stat(complete_path)
     if cst is not None and cst.st_size == row.size:
         # Only commit puts a file there, after every block was verified (and fsynced, if durable).
-        _promote(index, row.digest, str(complete_path), cst, row.last_access, row.volatile_boot, this_boot)
+        _promote(index, row.digest, str(complete_path), cst, row.charged, row.last_access, row.volatile_boot,
+                 this_boot)
         report.promoted += 1
         return index.get(row.digest)
     index.delete_blob(row.digest)
@@ -104,10 +111,10 @@ def repair_partial(index: BlobIndex, layout: CacheLayout, row: BlobRow, this_boo
     return None
 
 
-def _promote(index: BlobIndex, digest: str, path: str, st: os.stat_result, last_access: float,
+def _promote(index: BlobIndex, digest: str, path: str, st: os.stat_result, reserved: int, last_access: float,
              volatile_boot: str | None, this_boot: str) -> None:
     """Record a blob renamed into place as complete (see :func:`_settle_other_boot`)."""
-    index.mark_complete(digest, disk_charge(st), last_access, volatile_boot)
+    index.mark_complete(digest, disk_charge(st, reserved), last_access, volatile_boot)
     if volatile_boot is not None and volatile_boot != this_boot:
         _settle_other_boot(index, digest, path)
 
@@ -173,11 +180,11 @@ def _reconcile_shard(index: BlobIndex, layout: CacheLayout, shard: str, prefix: 
         if state == BlobState.PARTIAL:
             # Renamed into place, then the process died before the index said so.
             report.files_removed += _unlink(layout.partial_path(name, gen))
-            _promote(index, name, entry.path, st, last_access, volatile_boot, this_boot)
+            _promote(index, name, entry.path, st, charged, last_access, volatile_boot, this_boot)
             report.promoted += 1
             continue
-        if charged != st.st_blocks * 512:
-            index.set_charged(name, disk_charge(st))
+        if charged != disk_charge(st, charged):
+            index.set_charged(name, disk_charge(st, charged))
         if volatile_boot is not None and volatile_boot != this_boot and _settle_other_boot(index, name, entry.path):
             report.unsynced_rechecked += 1
 
