@@ -123,8 +123,11 @@ class RetryPolicy:
                 last = exc
             except _AttemptTimedOut as exc:
                 stats.transient += 1
-                last = TransientOriginError(f"{what}: no answer within {exc.timeout:.3g}s")
-                last.__cause__ = exc.__cause__
+                # An attempt the deadline cut short says nothing an earlier failure did not: that one,
+                # not "no answer within 0.0008s", is what the final error names.
+                if last is None or exc.timeout >= cfg.request_timeout:
+                    last = TransientOriginError(f"{what}: no answer within {exc.timeout:.3g}s")
+                    last.__cause__ = exc.__cause__
             except OriginChanged:
                 stats.corrupt += 1
                 raise

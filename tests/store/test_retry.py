@@ -295,3 +295,22 @@ async def test_concurrency_limit_and_queueing_is_not_a_timeout():
     # 8 ops of 0.1 s through 2 slots take 0.4 s: longer than the 0.3 s timeout, yet none times out
     assert sum(await asyncio.gather(*(policy.run(op, what=str(i)) for i in range(8)))) == 8
     assert peak == 2
+
+
+async def test_an_attempt_cut_short_by_the_deadline_does_not_hide_the_error_before_it():
+    """A refusal, then an attempt that only had the deadline's last sliver: the error that says what is
+    wrong is the refusal, not "no answer within 0.0008s" (seen under load with a short deadline)."""
+    config = RetryConfig(attempts=10, backoff_base=0.05, backoff_max=0.05, deadline=0.3, request_timeout=60.0)
+    policy = RetryPolicy(config, random=lambda: 1.0)
+    calls = []
+
+    async def refused_then_hangs():
+        calls.append(1)
+        if len(calls) == 1:
+            raise TransientOriginError("data.bin: connection refused")
+        await asyncio.sleep(10)  # the next attempts hang until the deadline cuts them
+
+    with pytest.raises(OriginUnavailable) as info:
+        await asyncio.wait_for(policy.run(refused_then_hangs, what="data.bin"), 10)
+    assert "connection refused" in str(info.value)
+    assert "no answer" not in str(info.value)
