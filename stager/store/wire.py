@@ -57,6 +57,10 @@ MAX_HEAD = 64 * 1024
 MAX_LINE = 8 * 1024
 #: Body bytes received but not yet taken before the socket stops being read (and resumes at half).
 HIGH_WATER = 2 << 20
+#: While a body of known length arrives, the kernel wakes us once this many of its bytes are in (or the
+#: rest of the body, if less; ``SO_RCVLOWAT``): on a link that is slow per connection, each read then
+#: takes a quarter MiB instead of whatever a few packets brought, and every read costs the same.
+RECV_LOWAT = 256 * 1024
 #: Bytes of receive buffers one session's connections may hold at once, views on their way to the disk
 #: included. A connection that needs a buffer past this gets a small one of its own for one read, then
 #: stops reading (its bytes wait in the kernel, the origin is slowed by TCP) until a buffer comes free.
@@ -480,9 +484,12 @@ class _Connection(asyncio.BufferedProtocol):
         self._over_budget = False  # the buffer being filled is past the pool's budget
         self._stopped = False  # reading is paused (for either reason)
         self._writable: asyncio.Future[None] | None = None
+        self._socket: Any = None  # the TCP socket, for its low-water mark (None: not settable)
+        self._lowat = 1  # the socket's SO_RCVLOWAT now
 
     def expect(self, response: Response) -> None:
         self._response = response
+        self._set_lowat()  # the answer's head comes at once
 
     def answered(self, response: Response) -> None:
         if self._response is response:
@@ -502,6 +509,8 @@ class _Connection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if transport.get_extra_info("ssl_object") is None:  # TLS reads ahead of what it hands on
+                self._socket = sock
 
     def get_buffer(self, sizehint: int) -> memoryview:
         response = self._response
@@ -532,6 +541,7 @@ class _Connection(asyncio.BufferedProtocol):
             start = len(self._response.target) - len(self._into)
             self._into = None
             self._response.feed(self._response.target, start, start + nbytes)
+            self._set_lowat()
             return
         start = self._filled
         self._filled += nbytes
@@ -539,6 +549,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.close()
             return
         self._response.feed(self._buffer, start, self._filled)
+        self._set_lowat()
         if self._over_budget and not self.closed:  # read once into a buffer of its own: now wait for one
             self._over_budget = False
             if self._response is None or self._response.urgent():
@@ -547,6 +558,18 @@ class _Connection(asyncio.BufferedProtocol):
             self._starved = True
             self._pool.wait_for_buffer(self)
             self._set_reading()
+
+    def _set_lowat(self) -> None:
+        """Wake for ``RECV_LOWAT`` of the body at a time, or for its rest; for anything else, at once."""
+        response = self._response
+        offset = response.body_offset if response is not None else None
+        want = 1 if offset is None else max(1, min(RECV_LOWAT, response.content_length - offset))  # type: ignore
+        if want != self._lowat and self._socket is not None and not self.closed:
+            try:
+                self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                self._lowat = want
+            except OSError:  # not settable here: reads go as they come
+                self._socket = None
 
     def idle(self) -> None:
         """Kept alive for a later request: no buffer pinned, and read (to see the server close it), whatever

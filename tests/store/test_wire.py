@@ -658,3 +658,42 @@ async def test_a_request_a_consumer_waits_on_never_waits_for_a_buffer(monkeypatc
                     assert not session._pool._waiting
         finally:
             await session.close()
+
+
+async def test_a_trickling_body_is_read_a_quarter_mib_at_a_time_and_its_tail_is_not_waited_for(monkeypatch):
+    """A body that trickles in (an object store's per-connection cap) is read when RECV_LOWAT of it is
+    in, not packet by packet; a rest shorter than that wakes the reader too, and the next answer's
+    head on the kept-alive connection comes at once."""
+    from stager.store import wire
+
+    body = os.urandom((1 << 20) + 5000)  # four low-water marks and a short tail
+
+    async def handler(reader, writer, n):
+        for answer_body in (body, b"next"):
+            await read_request(reader)
+            head, rest = answer(answer_body)[:-len(answer_body)], answer_body
+            writer.write(head)
+            for at in range(0, len(rest), 8192):
+                writer.write(rest[at:at + 8192])
+                await writer.drain()
+                await asyncio.sleep(0.0005)
+
+    reads = [0]
+    real = wire._Connection.buffer_updated
+
+    def counting(self, nbytes):
+        reads[0] += 1
+        real(self, nbytes)
+
+    monkeypatch.setattr(wire._Connection, "buffer_updated", counting)
+    async with RawServer(handler) as server:
+        session = WireSession(1)
+        try:
+            async with session.get(server.url) as resp:
+                assert await asyncio.wait_for(resp.read(), 20) == body
+            assert reads[0] <= 16  # packet by packet, it took over a hundred
+            async with session.get(server.url) as resp:
+                assert await asyncio.wait_for(resp.read(), 10) == b"next"
+            assert server.connections == 1
+        finally:
+            await session.close()
