@@ -56,14 +56,19 @@ async def open_replication(config: "ReplicateConfig", stack: AsyncExitStack, *, 
 
 
 def share_botocore_session(src: SourceConfig, dst: SourceConfig) -> tuple[SourceConfig, SourceConfig]:
-    """Give two S3 sides one aiobotocore session, so botocore parses its S3 model once, not twice.
+    """Give two S3 sides that need botocore one aiobotocore session, so it parses its S3 model once.
 
     Each side keeps its own client, endpoint and credentials; a side that names a
-    ``profile`` or brings its own ``session`` is left alone.
+    ``profile`` or brings its own ``session`` is left alone, and so is one whose
+    endpoint and keys are given outright, which signs its requests itself and
+    never loads botocore (:func:`~stager.store.s3_store.needs_botocore`).
     """
+    from ..store.s3_store import needs_botocore
+
     def s3(config: SourceConfig) -> bool:
         return (config.url.split("://", 1)[0].lower() in ("s3", "s3a")
-                and not {"session", "profile"} & set(config.storage_options))
+                and not {"session", "profile"} & set(config.storage_options)
+                and needs_botocore(config.storage_options))
 
     if not (s3(src) and s3(dst)):
         return src, dst

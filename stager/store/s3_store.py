@@ -1,4 +1,4 @@
-"""The S3 store: s3fs for listing, metadata and writes; a lean signed-GET path for reads.
+"""The S3 store: a lean signed path for reads and writes; s3fs for what it cannot sign itself.
 
 Reading is what stager does most, and botocore's per-request machinery
 (endpoint rules, parsing, its streaming body) costs more CPU than the bytes
@@ -13,9 +13,11 @@ path, sent as ``UNSIGNED-PAYLOAD`` (as S3 clients do over TLS) and without
 botocore's ``Expect: 100-continue``: replication sends every byte it reads, and
 hashing each body with SHA-256 for the signature doubled the client's CPU per
 byte (the bytes were verified against the manifest as they were read; ``stager
-replicate --verify`` reads the copy back). Everything else (listing, delete,
-starting, completing and listing multipart uploads) goes through s3fs and
-aiobotocore, where speed matters less than completeness.
+replicate --verify`` reads the copy back). Listing, deleting, and starting,
+listing, completing and aborting multipart uploads go through s3fs and
+aiobotocore, except where the signer is made without botocore (below): then
+they are signed requests too (:mod:`.s3_calls`), and a replication between
+two such stores never loads botocore at all.
 
 Both paths see the same configuration: the endpoint, region and addressing
 style come from the aiobotocore client s3fs builds (so ``endpoint_url`` in
@@ -25,9 +27,9 @@ else the aiobotocore session's provider chain (``AWS_*`` variables, profile,
 instance metadata; refreshed as they expire). ``anon=True`` sends unsigned
 requests. When the endpoint and the keys are all given outright and no
 profile or AWS config file could change them (:func:`_direct_settings`), the
-signer is made from them directly, and s3fs, aiobotocore and botocore are not
-even imported until a listing, a delete or a multipart upload needs them:
-that is most of a short command's start-up time.
+signer is made from them directly, and s3fs, aiobotocore and botocore are
+never imported (about 60 MB of memory and a third of a CPU second: most of a
+short command's start-up time).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .endpoint import check_http_url, shown_url
 from .fsspec_store import FsspecStore, vouched_md5
 from .http_client import error_from_response, last_modified
 from .parts import PartLedger
+from .s3_calls import DirectClient
 from .signed_http import SignedHttpStore
 from . import sigv4
 from .options import StoreOptions
@@ -137,6 +140,13 @@ class S3Store(SignedHttpStore, FsspecStore):
         await self._connect()
         return await super()._call(method, *args, **kwargs)
 
+    async def _control_client(self) -> Any:
+        """What makes listing and multipart calls: signed requests of our own when the keys are given
+        outright (botocore is then never loaded), else the aiobotocore client."""
+        if self._direct is not None:
+            return DirectClient(self.session, await self._get_signer())
+        return await self._connect()
+
     async def _get_signer(self) -> _Signer:
         if self._signer is None and self._direct is not None:
             self._signer = _Signer(*self._direct.signer_args())
@@ -193,7 +203,7 @@ class S3Store(SignedHttpStore, FsspecStore):
         ledger = PartLedger(path, part_size)
 
         async def start() -> str:
-            client = await self._connect()
+            client = await self._control_client()
             with translated(path):
                 return (await client.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
 
@@ -208,7 +218,7 @@ class S3Store(SignedHttpStore, FsspecStore):
         marker = 0
         while True:  # ListParts pages hold at most 1,000 parts; an upload has at most 10,000
             async def page(marker: int = marker) -> Any:
-                client = await self._connect()
+                client = await self._control_client()
                 with translated(what):
                     return await client.list_parts(Bucket=bucket, Key=key, UploadId=token, PartNumberMarker=marker)
 
@@ -227,6 +237,28 @@ class S3Store(SignedHttpStore, FsspecStore):
             upload._etags[number] = found[number][1]
         return upload
 
+    async def list(self) -> list[ObjectInfo]:
+        if self._direct is None:
+            return await super().list()
+        found = [info async for page in self.scan() for info in page]  # signed ListObjectsV2 pages
+        found.sort(key=lambda o: o.path)
+        return found
+
+    async def delete(self, path: str) -> None:
+        if self._direct is None:
+            return await super().delete(path)
+        bucket, key = self._bucket_key(path)
+
+        async def attempt() -> None:
+            client = await self._control_client()
+            with translated(path):
+                await client.delete_object(Bucket=bucket, Key=key)
+
+        try:
+            await self.retry.run(attempt, what=path)
+        except ShardNotFound:
+            pass
+
     async def scan(self) -> AsyncIterator[list[ObjectInfo]]:
         # One ListObjectsV2 page (up to 1,000 keys) at a time: s3fs's find() would build
         # a dict per object for the whole listing first.
@@ -236,7 +268,7 @@ class S3Store(SignedHttpStore, FsspecStore):
         token: str | None = None
         while True:
             async def page(token: str | None = token) -> Any:
-                client = await self._connect()
+                client = await self._control_client()
                 with translated(what):
                     extra = {"ContinuationToken": token} if token else {}
                     return await client.list_objects_v2(Bucket=bucket, Prefix=prefix, **extra)
@@ -288,7 +320,7 @@ class S3Upload(Upload):
         store = self._store
 
         async def attempt() -> Any:
-            client = await store._connect()
+            client = await store._control_client()
             with translated(what):
                 return await getattr(client, method)(Bucket=self._bucket, Key=self._key, **kwargs)
 
@@ -374,8 +406,9 @@ class _Signer:
         return f"{self.scheme}://{self.host}{self.base_path}/{bucket}/{quoted}"
 
     async def sign(self, method: str, bucket: str, key: str, headers: dict[str, str], *, query: str = "",
-                   unsigned_payload: bool = False) -> tuple[str, dict[str, str]]:
-        """The URL and headers of a request; ``query`` is already encoded; a body goes as UNSIGNED-PAYLOAD."""
+                   unsigned_payload: bool = False, payload_sha256: str | None = None) -> tuple[str, dict[str, str]]:
+        """The URL and headers of a request; ``query`` is already encoded; a body goes as UNSIGNED-PAYLOAD,
+        or signed by its ``payload_sha256`` (hex) if given."""
         url = self.url(bucket, key) + (f"?{query}" if query else "")
         if self.headers:
             headers = {**self.headers, **headers}
@@ -386,7 +419,7 @@ class _Signer:
             frozen = await frozen
         signed = sigv4.sign_headers(
             method, url, access_key=frozen.access_key, secret_key=frozen.secret_key, headers=headers,
-            payload_hash=sigv4.UNSIGNED_PAYLOAD if unsigned_payload else sigv4.EMPTY_SHA256,
+            payload_hash=payload_sha256 or (sigv4.UNSIGNED_PAYLOAD if unsigned_payload else sigv4.EMPTY_SHA256),
             session_token=frozen.token, region=self.region)
         return url, signed
 
@@ -449,6 +482,12 @@ def given_endpoint(options: Mapping[str, Any], env: Mapping[str, str] = os.envir
         if value:
             return str(value), name
     return None
+
+
+def needs_botocore(options: Mapping[str, Any]) -> bool:
+    """Whether an S3 store with these storage options needs botocore (to find its endpoint, region or keys);
+    if not, it signs every request itself and never loads botocore."""
+    return _direct_settings(options) is None
 
 
 def _direct_settings(options: Mapping[str, Any], env: Mapping[str, str] = os.environ) -> _Direct | None:

@@ -697,6 +697,11 @@ class WireSession:
     def put(self, url: Any, data: bytes | memoryview, headers: Mapping[str, str] | None = None) -> _Exchange:
         return _Exchange(self, "PUT", str(url), headers, data, False)
 
+    def request(self, method: str, url: Any, headers: Mapping[str, str] | None = None,
+                body: bytes | memoryview | None = None) -> _Exchange:
+        """Any other method (``POST``, ``DELETE``); a ``body`` (even empty) goes with its Content-Length."""
+        return _Exchange(self, method, str(url), headers, body, False)
+
     async def close(self) -> None:
         """Close the idle connections; those in use close when their exchange ends."""
         self.closed = True

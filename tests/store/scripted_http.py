@@ -33,6 +33,8 @@ class Seen:
     method: str
     path: str
     headers: dict[str, str]
+    query: str = ""
+    body: bytes = b""
 
 
 @dataclass
@@ -70,7 +72,8 @@ class ScriptedOrigin:
                         k, v = line.split(":", 1)
                         headers[k.strip().lower()] = v.strip()
                 path = unquote(target.split("?", 1)[0].lstrip("/"))
-                self.seen.append(Seen(method, path, headers))
+                body = await reader.readexactly(int(headers.get("content-length") or 0))
+                self.seen.append(Seen(method, path, headers, target.partition("?")[2], body))
                 behaviour = self.script.pop(0) if self.script else "ok"
                 keep = await self._answer(writer, method, path, headers, behaviour)
                 await writer.drain()
