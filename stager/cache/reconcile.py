@@ -183,8 +183,8 @@ def _reconcile_shard(index: BlobIndex, layout: CacheLayout, shard: str, prefix: 
             _promote(index, name, entry.path, st, charged, last_access, volatile_boot, this_boot)
             report.promoted += 1
             continue
-        if charged != disk_charge(st, charged):
-            index.set_charged(name, disk_charge(st, charged))
+        if (charge := disk_charge(st, charged)) != charged:
+            index.set_charged(name, charge)
         if volatile_boot is not None and volatile_boot != this_boot and _settle_other_boot(index, name, entry.path):
             report.unsynced_rechecked += 1
 

@@ -1,10 +1,10 @@
 """S3's few control calls over the signed HTTP client, for when the keys are given outright.
 
 Indexing and replication list a prefix; replication starts, lists,
-completes and aborts multipart uploads and deletes objects. Through s3fs these load botocore and aiobotocore first,
-about 60 MB of memory and a third of a CPU second before the first byte
-moves, for a handful of requests that are each one signed HTTP exchange with
-an XML answer. :class:`DirectClient` makes exactly those exchanges with the
+completes and aborts multipart uploads and deletes objects. Through s3fs
+these load botocore and aiobotocore first, about 60 MB of memory and a third
+of a CPU second before the first byte moves, for a handful of requests that
+are each one signed HTTP exchange with an XML answer. :class:`DirectClient` makes exactly those exchanges with the
 signer and the HTTP client the store already uses for its reads, and answers
 in the shapes aiobotocore's client gives (the same keys, ``LastModified`` a
 ``datetime``), so the store's callers do not tell the two apart.
@@ -24,7 +24,7 @@ import datetime
 import hashlib
 import xml.etree.ElementTree as ElementTree
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 from xml.sax.saxutils import escape
 
 from ..errors import TransientOriginError
@@ -45,7 +45,7 @@ class RequestSigner(Protocol):
 
 
 class DirectClient:
-    """The S3 calls replication needs besides reads and part uploads, as signed HTTP requests."""
+    """The S3 calls indexing and replication need besides reads and part uploads, as signed HTTP requests."""
 
     def __init__(self, session: "WireSession", signer: RequestSigner) -> None:
         self._session = session
@@ -127,8 +127,8 @@ class DirectClient:
 
 
 def _query(fields: Mapping[str, str]) -> str:
-    """A query string as S3 signs it: names sorted, every value percent-encoded."""
-    return "&".join(f"{quote(name, safe='-_.~')}={quote(value, safe='-_.~')}" for name, value in sorted(fields.items()))
+    """A query string as S3 signs it: names sorted, every value percent-encoded (``/`` too)."""
+    return urlencode(sorted(fields.items()), quote_via=quote, safe="")
 
 
 def _name(element: ElementTree.Element) -> str:
