@@ -4,13 +4,16 @@ Each attempt at a span gets a :class:`SpanWriter` (a :class:`~stager.store.Range
 the bytes go out in batched ``pwritev`` calls on the disk threads (a batch
 gathers the bytes of one receive buffer, and goes when the next bytes come
 from another: its views alone would then keep that buffer from being used
-again), a few batches in flight, so memory stays small whatever the sizes; each block is
-hashed on the way and checked at its end. A block that matches the manifest
-is recorded as verified at once and its waiters served while the rest of the
-request arrives; one that does not fails the attempt, which the source's
-retry loop repeats (blocks recorded before it are kept and not written again;
-the bytes of the failed attempt count for nothing and are written over once
-its writes have ended). :func:`write_held` settles a hedge that won: its
+again), a few batches in flight, so memory stays small whatever the sizes.
+Each block is hashed on the way, by the disk thread that writes a batch, just
+before it writes it (a blob's writes take turns, so its bytes are hashed in
+order; the event loop, which every connection shares, never hashes, and the
+bytes are in the CPU's cache when the write copies them), and checked at its
+end. A block that matches the manifest is recorded as verified at once and
+its waiters served while the rest of the request arrives; one that does not
+fails the attempt, which the source's retry loop repeats (blocks recorded
+before it are kept and not written again; the bytes of the failed attempt
+count for nothing and are written over once its writes have ended). :func:`write_held` settles a hedge that won: its
 bytes, held in memory, go over the blocks the first request did not record,
 after that request's writes have ended.
 """
@@ -64,6 +67,7 @@ class SpanWriter(RangeSink):
         self._batch: list[memoryview] = []
         self._batch_bytes = 0
         self._batch_source: object = None  # the receive buffer the batch's views are in (None: none is pinned)
+        self._error: CorruptData | None = None  # a block that did not match: the attempt fails with it
         self._start_block(first)
 
     def _start_block(self, index: int) -> None:
@@ -72,10 +76,12 @@ class SpanWriter(RangeSink):
         self._offset = self._block_start  # where the next byte goes
         self._batch_at = self._block_start
         self._skip = index in self._partial.verified
-        self._hasher = xxhash.xxh3_64()
+        self._hasher = xxhash.xxh3_64()  # updated only by this block's writes, which take their turns
         self._block_writes: list[asyncio.Future[None]] = []
 
     async def write(self, chunk: bytes) -> None:
+        if self._error is not None:
+            raise self._error
         view = memoryview(chunk)
         # A view of a receive buffer the batch does not hold yet: the connection has moved on from the
         # buffers the batch's views are in, and those views alone now keep them from being used again
@@ -89,7 +95,6 @@ class SpanWriter(RangeSink):
             take = min(len(view), self._block_end - self._offset)
             if not self._skip:
                 piece = view[:take]
-                self._hasher.update(piece)
                 self._batch.append(piece)
                 self._batch_bytes += take
                 self._batch_source = source
@@ -104,6 +109,8 @@ class SpanWriter(RangeSink):
                     self._writes.popleft().result()  # its error (disk full) ends the attempt
                 else:
                     await asyncio.shield(self._writes[0])
+            if self._error is not None:
+                raise self._error
 
     def _send_batch(self, keep_partial_page: bool = False) -> None:
         """Write the batch; inside a block, the bytes past its last page boundary wait for the next
@@ -118,7 +125,8 @@ class SpanWriter(RangeSink):
         self._batch_source = None  # what is left, if anything, is a copy
         if batch:
             write = self._disk.start_in_turn(
-                self._partial, self._partial.write_into_block, self._index, self._batch_at, batch)
+                self._partial, _hash_then, self._hasher, batch, self._partial.write_into_block, self._index,
+                self._batch_at, batch)
             self._writes.append(write)
             self._block_writes.append(write)
             self._batch_at += nbytes
@@ -128,38 +136,55 @@ class SpanWriter(RangeSink):
     def _end_block(self) -> None:
         index = self._index
         if not self._skip:
-            if self._hasher.intdigest() != self._ref.blocks[index]:
-                raise self._corrupt(index)
             nbytes = self._block_end - self._block_start
-            if not self._block_writes:  # the whole block in one batch: write and record it in one go
+            expected = self._ref.blocks[index]
+            if not self._block_writes:  # the whole block in one batch: check, write and record it in one go
                 done = self._disk.start_in_turn(
-                    self._partial, self._partial.write_verified, index, self._batch_at, self._batch,
-                    durable=self._durable)
-                done.add_done_callback(lambda f: f.cancelled() or f.exception() or self._verified(index, nbytes))
+                    self._partial, _write_if_matches, self._hasher, expected, self._batch,
+                    self._partial.write_verified, index, self._batch_at, self._batch, durable=self._durable)
+                done.add_done_callback(lambda f: f.cancelled() or f.exception() or self._recorded(f.result(), index,
+                                                                                                nbytes))
                 self._writes.append(done)
                 self._batch = []
                 self._batch_bytes = 0
                 self._batch_source = None
             else:
                 self._send_batch()
-                self._finishing.append(asyncio.ensure_future(self._record(index, self._block_writes, nbytes)))
+                matches = self._disk.start_in_turn(self._partial, _matches, self._hasher, expected)
+                self._finishing.append(asyncio.ensure_future(self._record(index, self._block_writes, matches,
+                                                                          nbytes)))
         if index < self._last:
             self._start_block(index + 1)
         else:
             self._index = index + 1
 
-    async def _record(self, index: int, writes: list[asyncio.Future[None]], nbytes: int) -> None:
+    def _recorded(self, matched: bool, index: int, nbytes: int) -> None:
+        """A block's check came back: it was recorded (its waiters are served), or the attempt fails."""
+        if matched:
+            self._verified(index, nbytes)
+        elif self._error is None:
+            self._error = self._corrupt(index)
+
+    async def _record(self, index: int, writes: list[asyncio.Future[None]], matches: asyncio.Future[bool],
+                      nbytes: int) -> None:
         for write in writes:
             await asyncio.shield(write)
+        if not await asyncio.shield(matches):
+            self._recorded(False, index, nbytes)
+            return
         await to_the_end(
             self._disk.start(self._partial.mark_verified, index, durable=self._durable))
-        self._verified(index, nbytes)
+        self._recorded(True, index, nbytes)
 
     async def close(self) -> None:
+        if self._error is not None:
+            raise self._error
         if self._index <= self._last:
             raise CorruptData(f"{self._ref.path}: the body ended inside block {self._index}")
         for future in [*self._writes, *self._finishing]:
             await asyncio.shield(future)
+        if self._error is not None:
+            raise self._error
 
     async def abort(self) -> None:
         self._batch = []
@@ -170,6 +195,29 @@ class SpanWriter(RangeSink):
             for future in pending:
                 if not future.cancelled():
                     future.exception()  # retrieved: the attempt's own error is what counts
+
+
+def _hash_then(hasher: "xxhash.xxh3_64", batch: list[memoryview], write: Callable[..., None], *args: object) -> None:
+    """On a disk thread, in the blob's turn: hash a batch (its block's bytes in order), then write it."""
+    for view in batch:
+        hasher.update(view)
+    write(*args)
+
+
+def _matches(hasher: "xxhash.xxh3_64", expected: int) -> bool:
+    """On a disk thread, after the block's last batch: whether the bytes hashed are the manifest's."""
+    return hasher.intdigest() == expected
+
+
+def _write_if_matches(hasher: "xxhash.xxh3_64", expected: int, batch: list[memoryview], write: Callable[..., None],
+                      *args: object, **kwargs: object) -> bool:
+    """On a disk thread: hash the block's last batch; if the block matches, write and record it."""
+    for view in batch:
+        hasher.update(view)
+    if hasher.intdigest() != expected:
+        return False
+    write(*args, **kwargs)
+    return True
 
 
 async def write_held(disk: "DiskThreads", partial: "PartialBlob", ref: "BlobRef", indexes: Iterable[int], start: int,

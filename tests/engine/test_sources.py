@@ -106,10 +106,12 @@ async def test_a_source_serving_flipped_bytes_is_skipped_for_the_blocks_it_did_n
     stats, from_origin = await stage(peer, fault_proxy(http_origin), root, manifest, tmp_path / "cache")
     await peer.store.close()
     # block 0 of the bad shard came from the copy; its first bad attempt is retried within the
-    # copy's budget, its second moves to the origin, which sends the rest of that shard alone
+    # copy's budget, its second moves to the origin, which sends the blocks of that shard the copy
+    # did not verify: block 1 and those after it, but for any the copy's attempts verified while the
+    # check of block 1 was on its way (blocks are checked by the disk threads, behind the stream)
     rest = int(manifest.sizes[list(manifest.paths).index(bad)]) - BLOCK
-    assert from_origin == rest
-    assert (stats["bytes_from_origin"], stats["bytes_from_peers"]) == (rest, total - rest)
+    assert BLOCK <= from_origin <= rest and from_origin % BLOCK in (0, rest % BLOCK)  # whole blocks
+    assert (stats["bytes_from_origin"], stats["bytes_from_peers"]) == (from_origin, total - from_origin)
     assert stats["bytes_fetched"] == total
     assert (stats["source_failures_peer"], stats["source_failures_origin"]) == (1, 0)
     assert stats["verify_failures"] == 2
