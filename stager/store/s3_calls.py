@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+from html import escape  # xml.sax.saxutils' escape loads urllib.request: 8 ms of start-up
 import xml.etree.ElementTree as ElementTree
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from urllib.parse import quote, urlencode
-from xml.sax.saxutils import escape
 
 from ..errors import TransientOriginError
 from .http_client import error_from_response
@@ -89,7 +89,7 @@ class DirectClient:
     async def complete_multipart_upload(self, *, Bucket: str, Key: str, UploadId: str,  # noqa: N803
                                         MultipartUpload: Mapping[str, Any]) -> dict[str, Any]:  # noqa: N803
         parts = "".join(f"<Part><PartNumber>{int(part['PartNumber'])}</PartNumber>"
-                        f"<ETag>{escape(str(part['ETag']))}</ETag></Part>" for part in MultipartUpload["Parts"])
+                        f"<ETag>{escape(str(part['ETag']), quote=False)}</ETag></Part>" for part in MultipartUpload["Parts"])
         body = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
         root = await self._call("POST", Bucket, Key, _query({"uploadId": UploadId}), f"{Key} (complete upload)",
                                 body=body)

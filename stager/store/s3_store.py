@@ -50,7 +50,6 @@ from .endpoint import check_http_url, shown_url
 from .fsspec_store import FsspecStore, vouched_md5
 from .http_client import error_from_response, last_modified
 from .parts import PartLedger
-from .s3_calls import DirectClient
 from .signed_http import SignedHttpStore
 from . import sigv4
 from .options import StoreOptions
@@ -144,6 +143,8 @@ class S3Store(SignedHttpStore, FsspecStore):
         """What makes listing and multipart calls: signed requests of our own when the keys are given
         outright (botocore is then never loaded), else the aiobotocore client."""
         if self._direct is not None:
+            from .s3_calls import DirectClient  # XML and listing code: not loaded by a run that only reads
+
             return DirectClient(self.session, await self._get_signer())
         return await self._connect()
 

@@ -125,3 +125,23 @@ def test_replicating_between_s3_buckets_with_keys_given_outright_loads_no_botoco
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
     assert (s3_bucket.path / "dst" / "a.bin").read_bytes() == (s3_bucket.path / "src" / "a.bin").read_bytes()
+
+
+def test_staging_from_s3_loads_neither_the_xml_calls_nor_urllib_request(s3_bucket, tmp_path):
+    # A staging run only reads: the listing and multipart calls (XML, and urllib.request behind
+    # xml.sax.saxutils, 8 ms of start-up) stay unloaded until something lists or uploads.
+    from stager.write import generate_corpus
+
+    generate_corpus(s3_bucket.path / "corpus", shards=2, tokens_per_shard=1 << 12, seed=1)
+    code = ("import sys\nfrom stager.cli import main\n"
+            "try:\n"
+            f"    main(['stage', 's3://{s3_bucket.name}/corpus', '--cache', {str(tmp_path / 'cache')!r}, '--json'])\n"
+            "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            "print(sorted(m for m in sys.modules if m in ('stager.store.s3_calls', 'urllib.request', "
+            "'xml.sax.saxutils', 'xml.etree.ElementTree')))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**env, **s3_bucket.env(), "AWS_CONFIG_FILE": str(tmp_path / "absent")})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+    assert len(list((tmp_path / "cache" / "blobs").rglob("*"))) >= 2
