@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import xxhash
 
@@ -62,8 +62,7 @@ class SpanWriter(RangeSink):
         self._disk, self._durable = disk, durable
         self._partial, self._ref, self._last = partial, ref, last
         self._corrupt, self._verified = corrupt, verified  # what a bad block raises; what a recorded one tells
-        self._writes: deque[asyncio.Future[None]] = deque()  # every write in flight, oldest first
-        self._finishing: list[asyncio.Future[None]] = []  # blocks being recorded
+        self._writes: deque[asyncio.Future[Any]] = deque()  # every write in flight, oldest first
         self._batch: list[memoryview] = []
         self._batch_bytes = 0
         self._batch_source: object = None  # the receive buffer the batch's views are in (None: none is pinned)
@@ -76,8 +75,7 @@ class SpanWriter(RangeSink):
         self._offset = self._block_start  # where the next byte goes
         self._batch_at = self._block_start
         self._skip = index in self._partial.verified
-        self._hasher = xxhash.xxh3_64()  # updated only by this block's writes, which take their turns
-        self._block_writes: list[asyncio.Future[None]] = []
+        self._block = _BlockCheck()  # used only by this block's writes, which take their turns
 
     async def write(self, chunk: bytes) -> None:
         if self._error is not None:
@@ -124,64 +122,43 @@ class SpanWriter(RangeSink):
                 nbytes -= keep
         self._batch_source = None  # what is left, if anything, is a copy
         if batch:
-            write = self._disk.start_in_turn(
-                self._partial, _hash_then, self._hasher, batch, self._partial.write_into_block, self._index,
-                self._batch_at, batch)
-            self._writes.append(write)
-            self._block_writes.append(write)
+            self._writes.append(self._disk.start_in_turn(
+                self._partial, _hash_and_write, self._block, self._partial, self._index, self._batch_at, batch))
             self._batch_at += nbytes
             self._batch = rest
             self._batch_bytes -= nbytes
 
     def _end_block(self) -> None:
         index = self._index
-        if not self._skip:
+        if not self._skip:  # one trip to the disk threads: hash the last batch, check, write and record
             nbytes = self._block_end - self._block_start
-            expected = self._ref.blocks[index]
-            if not self._block_writes:  # the whole block in one batch: check, write and record it in one go
-                done = self._disk.start_in_turn(
-                    self._partial, _write_if_matches, self._hasher, expected, self._batch,
-                    self._partial.write_verified, index, self._batch_at, self._batch, durable=self._durable)
-                done.add_done_callback(lambda f: f.cancelled() or f.exception() or self._recorded(f.result(), index,
-                                                                                                nbytes))
-                self._writes.append(done)
-                self._batch = []
-                self._batch_bytes = 0
-                self._batch_source = None
-            else:
-                self._send_batch()
-                matches = self._disk.start_in_turn(self._partial, _matches, self._hasher, expected)
-                self._finishing.append(asyncio.ensure_future(self._record(index, self._block_writes, matches,
-                                                                          nbytes)))
+            done = self._disk.start_in_turn(self._partial, _finish_block, self._block, self._ref.blocks[index],
+                                            self._partial, index, self._batch_at, self._batch, self._durable)
+            done.add_done_callback(lambda f: f.cancelled() or f.exception() or self._recorded(f.result(), index,
+                                                                                            nbytes))
+            self._writes.append(done)
+            self._batch = []
+            self._batch_bytes = 0
+            self._batch_source = None
         if index < self._last:
             self._start_block(index + 1)
         else:
             self._index = index + 1
 
-    def _recorded(self, matched: bool, index: int, nbytes: int) -> None:
-        """A block's check came back: it was recorded (its waiters are served), or the attempt fails."""
+    def _recorded(self, matched: bool | None, index: int, nbytes: int) -> None:
+        """A block's check came back: recorded (its waiters are served); not the manifest's bytes (the
+        attempt fails); or None: an earlier write of it failed, and that write's error ends the attempt."""
         if matched:
             self._verified(index, nbytes)
-        elif self._error is None:
+        elif matched is not None and self._error is None:
             self._error = self._corrupt(index)
-
-    async def _record(self, index: int, writes: list[asyncio.Future[None]], matches: asyncio.Future[bool],
-                      nbytes: int) -> None:
-        for write in writes:
-            await asyncio.shield(write)
-        if not await asyncio.shield(matches):
-            self._recorded(False, index, nbytes)
-            return
-        await to_the_end(
-            self._disk.start(self._partial.mark_verified, index, durable=self._durable))
-        self._recorded(True, index, nbytes)
 
     async def close(self) -> None:
         if self._error is not None:
             raise self._error
         if self._index <= self._last:
             raise CorruptData(f"{self._ref.path}: the body ended inside block {self._index}")
-        for future in [*self._writes, *self._finishing]:
+        for future in list(self._writes):
             await asyncio.shield(future)
         if self._error is not None:
             raise self._error
@@ -189,7 +166,7 @@ class SpanWriter(RangeSink):
     async def abort(self) -> None:
         self._batch = []
         self._batch_source = None
-        pending = [*self._writes, *self._finishing]
+        pending = list(self._writes)
         if pending:
             await asyncio.wait(pending)  # threads cannot be stopped: let them end
             for future in pending:
@@ -197,26 +174,43 @@ class SpanWriter(RangeSink):
                     future.exception()  # retrieved: the attempt's own error is what counts
 
 
-def _hash_then(hasher: "xxhash.xxh3_64", batch: list[memoryview], write: Callable[..., None], *args: object) -> None:
-    """On a disk thread, in the blob's turn: hash a batch (its block's bytes in order), then write it."""
+class _BlockCheck:
+    """A block's hash as its batches are written (on the disk threads, in turn), and whether a write failed."""
+
+    __slots__ = ("hasher", "failed")
+
+    def __init__(self) -> None:
+        self.hasher = xxhash.xxh3_64()
+        self.failed = False
+
+
+def _hash_and_write(block: _BlockCheck, partial: "PartialBlob", index: int, offset: int,
+                    batch: list[memoryview]) -> None:
+    """On a disk thread, in the blob's turn: hash a batch of a block (its bytes in order), then write it."""
     for view in batch:
-        hasher.update(view)
-    write(*args)
+        block.hasher.update(view)
+    try:
+        partial.write_into_block(index, offset, batch)
+    except BaseException:
+        block.failed = True
+        raise
 
 
-def _matches(hasher: "xxhash.xxh3_64", expected: int) -> bool:
-    """On a disk thread, after the block's last batch: whether the bytes hashed are the manifest's."""
-    return hasher.intdigest() == expected
-
-
-def _write_if_matches(hasher: "xxhash.xxh3_64", expected: int, batch: list[memoryview], write: Callable[..., None],
-                      *args: object, **kwargs: object) -> bool:
-    """On a disk thread: hash the block's last batch; if the block matches, write and record it."""
+def _finish_block(block: _BlockCheck, expected: int, partial: "PartialBlob", index: int, offset: int,
+                  batch: list[memoryview], durable: bool) -> bool | None:
+    """On a disk thread, after the block's other batches: hash its last batch; if the block matches the
+    manifest, write that batch and record the block (True). False: it does not match (nothing is
+    recorded). None: an earlier batch's write failed (nothing is recorded; that write tells why)."""
     for view in batch:
-        hasher.update(view)
-    if hasher.intdigest() != expected:
+        block.hasher.update(view)
+    if block.hasher.intdigest() != expected:
         return False
-    write(*args, **kwargs)
+    if block.failed:
+        return None
+    if batch:
+        partial.write_verified(index, offset, batch, durable=durable)
+    else:
+        partial.mark_verified(index, durable=durable)
     return True
 
 

@@ -345,7 +345,7 @@ async def test_a_one_block_blob_takes_three_trips_to_the_disk_threads_and_none_t
             await asyncio.wait_for(asyncio.gather(*(engine.ensure(dataset.ref(i)) for i in range(len(manifest)))), 60)
         assert_cache_matches(cache, manifest, http_origin.root / "corpus")
     blobs = len(manifest)
-    assert trips == {"begin": blobs, "_write_if_matches": blobs, "_commit_and_close": blobs}, trips
+    assert trips == {"begin": blobs, "_finish_block": blobs, "_commit_and_close": blobs}, trips
     assert lock_trips == {"attempt_lock": blobs}, lock_trips  # the tries; the releases are the loop's
 
 
