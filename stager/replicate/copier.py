@@ -192,19 +192,41 @@ class Copier:
     # -- reading the source ------------------------------------------------------------
 
     def _checker(self, item: PlanItem, start: int) -> Callable[[bytes], None]:
+        """Raises CorruptData (counted) unless every block of bytes read from ``start`` matches the manifest."""
+        find_bad = self._bad_block_finder(item, start)
+        corrupt = self._corrupt(item)
+
+        def check(data: bytes) -> None:
+            bad = find_bad(data)
+            if bad is not None:
+                raise corrupt(bad)
+
+        return check
+
+    def _bad_block_finder(self, item: PlanItem, start: int) -> Callable[[bytes], int | None]:
+        """The first block of bytes read from ``start`` that does not match the manifest, or None (touches
+        nothing but the bytes: it may run on a thread)."""
         first = start // self.block_size
         block_size = self.block_size
         blocks = item.blocks
-        stats = self.stats
 
-        def check(data: bytes) -> None:
+        def find_bad(data: bytes) -> int | None:
             view = memoryview(data)
             for k, offset in enumerate(range(0, len(view), block_size)):
                 if xxhash.xxh3_64_intdigest(view[offset:offset + block_size]) != int(blocks[first + k]):
-                    stats.corrupt_blocks += 1
-                    raise CorruptData(f"{item.path}: block {first + k} does not match the manifest")
+                    return first + k
+            return None
 
-        return check
+        return find_bad
+
+    def _corrupt(self, item: PlanItem) -> Callable[[int], CorruptData]:
+        stats = self.stats
+
+        def corrupt(block: int) -> CorruptData:
+            stats.corrupt_blocks += 1
+            return CorruptData(f"{item.path}: block {block} does not match the manifest")
+
+        return corrupt
 
     async def _read(self, item: PlanItem, start: int, end: int) -> bytes:
         """``[start, end)`` of the source object, every block verified (retried until it is)."""
@@ -228,11 +250,11 @@ class Copier:
         return view
 
     async def _read_piece(self, view: memoryview, item: PlanItem, start: int, end: int) -> None:
-        check = self._checker(item, start)
+        find_bad, corrupt = self._bad_block_finder(item, start), self._corrupt(item)
         sinks: list[_BufferSink] = []
 
         def open_sink() -> _BufferSink:
-            sinks.append(_BufferSink(view, check))
+            sinks.append(_BufferSink(view, find_bad, corrupt))
             return sinks[-1]
 
         async with self.read_gate.slot(nbytes=end - start):
@@ -377,11 +399,14 @@ class Copier:
 
 
 class _BufferSink(RangeSink):
-    """One attempt at a part, received into (or copied into) a reused buffer, its blocks checked at the end."""
+    """One attempt at a part, received into (or copied into) a reused buffer, its blocks checked at the end
+    on a thread (the event loop, which every transfer shares, does not hash)."""
 
-    def __init__(self, view: memoryview, check: Callable[[bytes], None]) -> None:
+    def __init__(self, view: memoryview, find_bad: Callable[[bytes], int | None],
+                 corrupt: Callable[[int], CorruptData]) -> None:
         self._view = view
-        self._check = check
+        self._find_bad = find_bad
+        self._corrupt = corrupt
         self._filled = 0
         self.first_byte_at = 0.0  # monotonic time of the first write
 
@@ -401,7 +426,9 @@ class _BufferSink(RangeSink):
     async def close(self) -> None:
         if self._filled != len(self._view):
             raise CorruptData(f"a body of {self._filled} bytes for a {len(self._view)}-byte range")
-        self._check(self._view)  # type: ignore[arg-type]
+        bad = await asyncio.to_thread(self._find_bad, self._view)  # type: ignore[arg-type]
+        if bad is not None:
+            raise self._corrupt(bad)
 
     async def abort(self) -> None:
         self._filled = 0

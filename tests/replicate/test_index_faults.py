@@ -89,3 +89,36 @@ async def test_a_kept_on_the_fly_index_that_recorded_corruption_is_reindexed(clu
         assert [(e.path, e.size, e.digest, e.blocks) for e in manifest] == truth
     again = await Replicator(cfg).run()  # and it stays repaired
     assert again["failed"] == 0 and again["copied_objects"] == 0 and again["complete"]
+
+
+async def test_the_blocks_of_large_objects_are_checked_off_the_event_loop(clusters, fault_proxy, tmp_path,
+                                                                          monkeypatch):
+    # The event loop carries every transfer of a replicate run: a part's blocks are hashed on a thread.
+    # Flipped bodies must still be caught (and read again), and the replica be the origin's bytes.
+    import threading
+    import types
+
+    from stager.replicate import copier
+
+    hashed_on: set[str] = set()
+
+    def recorded(data) -> int:
+        hashed_on.add(threading.current_thread().name)
+        return xxhash.xxh3_64_intdigest(data)
+
+    monkeypatch.setattr(copier, "xxhash", types.SimpleNamespace(
+        xxh3_64_intdigest=recorded, xxh3_128_digest=xxhash.xxh3_128_digest,
+        xxh3_128_hexdigest=xxhash.xxh3_128_hexdigest))
+    a, b = clusters
+    files = mixed_files(seed=4, small=0, large=(12 * 1024 * 1024 + 77, 11 * 1024 * 1024))
+    write_plain(a.root / "ds", files)
+    async with open_store(a.source("ds")) as store:
+        manifest = await build_manifest(store, IndexConfig(block_size=1 << 20, bin_dtype=None))
+        await store.write(MANIFEST_PATH, encode_manifest(manifest))
+    proxy = fault_proxy(a.server, FaultPlan(flip_p=0.3), seed=2)
+    loop_thread = threading.current_thread().name
+    summary = await Replicator(config(a.source("ds", proxy.url), b.source("copy"), tmp_path)).run()
+    assert summary["failed"] == 0, summary["errors"]
+    assert_same_bytes(files, b.root / "copy")
+    assert proxy.faults.get("flip", 0) > 0, proxy.faults
+    assert hashed_on and loop_thread not in hashed_on, hashed_on
