@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,7 @@ from stager.store import open_store
 from stager.store.s3_calls import DirectClient
 from stager.store.s3_store import S3Store
 
+from .outright import last_line_of
 from .scripted_http import ScriptedOrigin, status
 
 FAST_RETRY = RetryConfig(attempts=4, backoff_base=0.001, backoff_max=0.01, deadline=30.0, request_timeout=10.0)
@@ -119,11 +118,7 @@ def test_replicating_between_s3_buckets_with_keys_given_outright_loads_no_botoco
             f"main(['replicate', 's3://{s3_bucket.name}/src', 's3://{s3_bucket.name}/dst', '--state-dir', "
             f"{str(tmp_path / 'state')!r}, '--json'])\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('botocore', 'aiobotocore', 's3fs')))")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**env, **s3_bucket.env(), "AWS_CONFIG_FILE": str(tmp_path / "absent")})
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert last_line_of(code, s3_bucket, tmp_path) == "[]"
     assert (s3_bucket.path / "dst" / "a.bin").read_bytes() == (s3_bucket.path / "src" / "a.bin").read_bytes()
 
 
@@ -139,9 +134,5 @@ def test_staging_from_s3_loads_neither_the_xml_calls_nor_urllib_request(s3_bucke
             "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
             "print(sorted(m for m in sys.modules if m in ('stager.store.s3_calls', 'urllib.request', "
             "'xml.sax.saxutils', 'xml.etree.ElementTree')))")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**env, **s3_bucket.env(), "AWS_CONFIG_FILE": str(tmp_path / "absent")})
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+    assert last_line_of(code, s3_bucket, tmp_path) == "[]"
     assert len(list((tmp_path / "cache" / "blobs").rglob("*"))) >= 2

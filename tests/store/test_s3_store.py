@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from botocore.credentials import Credentials
@@ -16,6 +14,7 @@ from stager.store.base import InvalidRange
 from stager.store.s3_store import S3Store, StaticCredentials, _direct_settings, _Signer
 from stager.testing.s3server import REGION
 
+from .outright import last_line_of
 from .scripted_http import ScriptedOrigin, s3_error
 
 FAST_RETRY = RetryConfig(attempts=4, backoff_base=0.001, backoff_max=0.01, deadline=30.0, request_timeout=10.0)
@@ -187,11 +186,7 @@ def test_reading_with_settings_given_outright_loads_no_botocore(s3_bucket, tmp_p
             "        assert await s.read_range('x.bin', 0, 100) == (await s.read('x.bin'))[:100]\n"
             "asyncio.run(main())\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('botocore', 'aiobotocore', 's3fs')))")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={**env, **s3_bucket.env(), "AWS_CONFIG_FILE": str(tmp_path / "absent")})
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert last_line_of(code, s3_bucket, tmp_path, timeout=60) == "[]"
 
 
 async def test_listing_scan_and_head_give_the_md5_the_origin_vouches_for(s3_bucket):
