@@ -45,11 +45,15 @@ WRITES_IN_FLIGHT = 2
 
 
 class SpanWriter(RangeSink):
-    """One attempt at a span: written into the partial file as it arrives, each block hashed on the way.
+    """One attempt at a span: written into the partial file as it arrives, each block hashed on the way
+    (by the disk threads, batch by batch, in the blob's turn).
 
-    At the end of each block its digest is checked (a mismatch fails the
-    attempt, to be retried) and, once its writes are on disk, it is recorded
-    as verified and its waiters served, while the rest of the span streams on.
+    At the end of each block one job hashes its last batch, checks the digest
+    and, if it matches, writes that batch and records the block as verified
+    (its waiters are then served), while the rest of the span streams on. A
+    mismatch fails the attempt (to be retried) once that job is back, so
+    blocks behind it in the stream may still be recorded, each on its own
+    digest; a block one of whose writes failed is never recorded.
     Blocks already verified (by an earlier attempt) are neither hashed nor
     written again. Memory held is about ``WRITE_BATCH * (WRITES_IN_FLIGHT + 1)``
     whatever the span's size. Every write and record this attempt started has
