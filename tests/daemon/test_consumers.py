@@ -8,6 +8,7 @@ processes using ``open_session``, an HTTP origin behind the fault proxy
 from __future__ import annotations
 
 import collections
+import types
 
 import pytest
 
@@ -28,12 +29,7 @@ def node(tmp_path, http_origin_factory, fault_proxy):
     (work / "cache").mkdir()
     started: list = []
 
-    class Node:
-        pass
-
-    n = Node()
-    n.corpus, n.proxy, n.work = corpus, proxy, work
-    n.socket, n.cache = work / "d.sock", work / "cache"
+    n = types.SimpleNamespace(corpus=corpus, proxy=proxy, work=work, socket=work / "d.sock", cache=work / "cache")
 
     def daemon(*args: str) -> DaemonProcess:
         d = DaemonProcess(n.socket, n.cache, args=["--no-hedge", "--concurrency", "8", *args])
