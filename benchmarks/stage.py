@@ -368,7 +368,7 @@ def _stager_account(run: Run) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=1.0, help="dataset size in GiB")
-    parser.add_argument("--shard-mib", type=int, default=32, help="shard size in MiB")
+    parser.add_argument("--shard-mib", type=float, default=32, help="shard size in MiB (0.25: 256 KiB shards)")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tool per phase; the median is reported")
     parser.add_argument("--grid", action="store_true", help="run the origin-profile grid instead of the phases")
@@ -384,9 +384,11 @@ def main() -> None:
           f"--rounds {args.rounds}" + (" --grid" if args.grid else "") + (" --startup" if args.startup else "")
           + (f" --latency {args.latency}" if args.latency else ""))
     manifest = generate_corpus(work / "s3" / "bench" / "corpus", shards=shards,
-                               tokens_per_shard=args.shard_mib << 19, jitter=0.0, seed=1)
+                               tokens_per_shard=int(args.shard_mib * (1 << 19)), jitter=0.0, seed=1)
     nbytes = manifest.total_bytes
-    server = S3Server(work / "s3", etag_hash="")
+    # The bucket does not change during a run: the server may keep its listing. Without that, `rclone serve s3`
+    # lists the folder at every GET, and with thousands of small shards it was the bottleneck of every tool.
+    server = S3Server(work / "s3", etag_hash="", extra_args=("--dir-cache-time", "1h"))
     try:
         if args.grid:
             grid(server, work, manifest, args.rounds)

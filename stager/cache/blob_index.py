@@ -50,6 +50,8 @@ from .reserve import IndexReserve
 T = TypeVar("T")
 
 SCHEMA_VERSION = 1
+#: Digests looked up per query by :meth:`BlobIndex.states` (sqlite allows 999 parameters at the least).
+STATES_PER_QUERY = 500
 
 _SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
@@ -437,6 +439,17 @@ class BlobIndex:
     def state(self, digest: str) -> BlobState:
         r = self._one("SELECT state FROM blobs WHERE digest = ?", (digest,))
         return BlobState(r[0]) if r else BlobState.ABSENT
+
+    def states(self, digests: Sequence[str]) -> dict[str, BlobState]:
+        """``digest -> state`` of those of ``digests`` the index has (absent ones are left out), in one
+        query per :data:`STATES_PER_QUERY` digests rather than one each."""
+        found: dict[str, BlobState] = {}
+        for start in range(0, len(digests), STATES_PER_QUERY):
+            chunk = digests[start:start + STATES_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            found.update((r[0], BlobState(r[1])) for r in self._all(
+                f"SELECT digest, state FROM blobs WHERE digest IN ({marks})", tuple(chunk)))
+        return found
 
     def sizes_with_prefix(self, prefix: str) -> dict[str, tuple[int, int, int, str, float, str | None]]:
         """``digest -> (state, size, charged, gen, last_access, volatile_boot)`` for digests starting

@@ -144,6 +144,16 @@ class CacheTier:
         """ABSENT, PARTIAL or COMPLETE."""
         return self._index.state(check_digest(digest))
 
+    def states(self, digests: Sequence[str]) -> dict[str, BlobState]:
+        """``digest -> state`` of those of ``digests`` the cache knows (PARTIAL or COMPLETE; absent ones
+        left out): for a dataset's thousands of shards, a few queries instead of one each.
+
+        Raises:
+            ValueError: one of them is not a digest.
+        """
+        check_digests(digests)
+        return self._index.states(digests)
+
     def complete_path(self, digest: str) -> Path:
         """Where the complete blob lives (``blobs/ab/abcd...``): a file there is complete and verified."""
         return self._layout.complete_path(check_digest(digest))

@@ -52,7 +52,7 @@ async def stage(source: SourceConfig, session: Session, cache_cfg: CacheConfig, 
                                    f"{cache.configured_capacity:,}); stage a part with --limit or free space")
                 raise CacheFull(f"{dataset.url}: {what} do not fit in the cache capacity {capacity:,}; "
                                 "stage a part with --limit or raise --capacity")
-            cached_of = [_cached_bytes(cache, m, i) for i in range(count)]
+            cached_of = _cached_bytes(cache, m, count)
         finally:
             if owned:
                 cache.close()
@@ -141,14 +141,25 @@ async def _capacity(session: Session, cache: CacheTier) -> int:
     return cache.capacity
 
 
-def _cached_bytes(cache: CacheTier, m, i: int) -> int:
-    record = cache.record(m.digest(i))
-    if record is None:
-        return 0
-    size = int(m.sizes[i])
-    if record.state is BlobState.COMPLETE:
-        return size
-    return sum(block_range(b, size, m.block_size)[1] - block_range(b, size, m.block_size)[0] for b in record.verified)
+def _cached_bytes(cache: CacheTier, m, count: int) -> list[int]:
+    """The bytes of each of the first ``count`` shards already in the cache (verified): the blob's size
+    when complete, its verified blocks' when partial. The index is asked for the states of all of them
+    at once; a dataset of 100,000 shards took a query or two each, seconds before the first request."""
+    digests = [m.digest(i) for i in range(count)]
+    states = cache.states(digests)
+    sizes = m.sizes
+    cached = [0] * count
+    for i, digest in enumerate(digests):
+        state = states.get(digest)
+        if state is BlobState.COMPLETE:
+            cached[i] = int(sizes[i])
+        elif state is BlobState.PARTIAL:
+            record = cache.record(digest)  # gone meanwhile: nothing cached
+            if record is not None:
+                size = int(sizes[i])
+                cached[i] = size if record.state is BlobState.COMPLETE else sum(
+                    end - start for start, end in (block_range(b, size, m.block_size) for b in record.verified))
+    return cached
 
 
 async def _counters(session: Session) -> dict[str, Any]:

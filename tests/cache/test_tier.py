@@ -77,6 +77,22 @@ def test_partial_blob_reserves_and_reads_only_verified_blocks(tier):
     check_invariants(tier)
 
 
+def test_states_of_many_digests_at_once(tier, monkeypatch):
+    import stager.cache.blob_index as blob_index
+
+    monkeypatch.setattr(blob_index, "STATES_PER_QUERY", 3)  # several queries, one cut between two of them
+    complete, other = make_blob(10 * KiB, seed=1), make_blob(10 * KiB, seed=2)
+    fill(tier, complete)
+    partial = make_blob(40 * KiB, seed=3)
+    with tier.lock(partial.digest), tier.begin(partial.digest, partial.size, partial.block_size, partial.blocks):
+        absent = [make_blob(1 * KiB, seed=10 + i).digest for i in range(5)]
+        asked = [absent[0], complete.digest, *absent[1:4], partial.digest, absent[4], other.digest]
+        assert tier.states(asked) == {complete.digest: BlobState.COMPLETE, partial.digest: BlobState.PARTIAL}
+        assert tier.states([]) == {}
+    with pytest.raises(ValueError, match="not a blob digest"):
+        tier.states([complete.digest, "../etc"])
+
+
 def test_bad_arguments(tier):
     blob = make_blob(40 * KiB)
     with pytest.raises(ValueError, match="digest"):
