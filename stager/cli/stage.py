@@ -26,6 +26,7 @@ import click
 from ..config import CacheConfig, FetchConfig, SourceConfig
 from ..errors import StagerError
 from ..event_loop import run_async
+from ..one_cpu import keep_on_one_cpu
 from ..socket_path import default_socket_path
 from . import cli
 from .cache_options import cache_config, cache_flags, fetch_config, fetch_flags, write_flags
@@ -48,9 +49,14 @@ if TYPE_CHECKING:
               help="The node daemon's socket (default: see `stager serve --help`); used when a daemon serves --cache.")
 @click.option("--no-daemon", is_flag=True, envvar="STAGER_NO_DAEMON",
               help="Run the engine in this process even when a daemon serves the cache.")
+@click.option("--one-cpu/--any-cpu", "one_cpu", default=None, envvar="STAGER_ONE_CPU",
+              help="Keep this process's threads on one CPU (--one-cpu) or let them run on any (--any-cpu). "
+                   "Default: one CPU where the process may run on exactly two, where the threads' turns at "
+                   "the interpreter's lock cost more across two CPUs than the second CPU brings.")
 def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str | None, capacity: Capacity,
                   concurrency: int, bandwidth: int | None, no_hedge: bool, retry_deadline: float, direct_writes: bool,
-                  durable: bool, limit: int | None, as_json: bool, socket_path: str | None, no_daemon: bool) -> None:
+                  durable: bool, limit: int | None, as_json: bool, socket_path: str | None, no_daemon: bool,
+                  one_cpu: bool | None) -> None:
     """Stage every shard of SOURCE into the cache, verifying each block against the manifest.
 
     Exits 0 only when every requested shard is in the cache and verified. Safe to run
@@ -59,6 +65,7 @@ def stage_command(source: str, storage_option: tuple[str, ...], cache_dir: str |
     """
     fetch = fetch_config(concurrency, bandwidth, no_hedge, retry_deadline, durable)
     cache = cache_config(cache_dir, capacity, direct_writes)
+    keep_on_one_cpu(one_cpu)  # before any thread starts: they all inherit it
     summary = run_async(_run(source_config(source, storage_option), cache, fetch, limit, socket_path, no_daemon))
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))

@@ -42,7 +42,7 @@ def run_here(args: Sequence[str], capsys, env: Mapping[str, str] | None = None) 
 
     ``env`` is set for the call only. Log records go to stderr as the command's own would (pytest's
     handlers make the command's ``basicConfig`` a no-op here), so stderr holds what a user sees; the
-    collector settings ``main`` changes for a one-shot process are put back.
+    collector settings and the CPUs ``main`` changes for a one-shot process are put back.
     """
     from stager.cli import main
 
@@ -54,6 +54,7 @@ def run_here(args: Sequence[str], capsys, env: Mapping[str, str] | None = None) 
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     threshold = gc.get_threshold()
+    cpus = os.sched_getaffinity(0)  # `stage` keeps its threads on one CPU of two (stager.one_cpu)
     code = 0
     try:
         main(list(args))
@@ -63,6 +64,7 @@ def run_here(args: Sequence[str], capsys, env: Mapping[str, str] | None = None) 
         logging.getLogger().removeHandler(handler)
         gc.unfreeze()
         gc.set_threshold(*threshold)
+        os.sched_setaffinity(0, cpus)
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +20,7 @@ from stager.write import generate_corpus
 from tests.engine.corpus import assert_cache_matches, make_corpus
 from stager.loopback.fault_plan import FaultPlan
 
-from .runner import assert_one_line_error, run, start
+from .runner import STAGER, assert_one_line_error, run, start
 
 CONCURRENCY = 4
 
@@ -227,3 +230,49 @@ def test_durable_commits_each_shard_synced_and_the_default_leaves_them_to_the_ke
             this_boot = cache._boot
     assert boots["--durable"] == {None}  # fsynced: nothing for a reboot to take back
     assert boots[None] == {this_boot}  # not waited for: a reboot makes every reader hash them
+
+
+#: The CPUs this test process may use, as it starts (a stage run in this process keeps to one: see runner.run_here).
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+def threads_cpus(pid: int) -> list[str]:
+    """Each thread's allowed CPUs, as /proc lists them ("0-1", "1"); [] once the process is gone."""
+    lists = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        lists += [line.split()[1] for line in status.splitlines() if line.startswith("Cpus_allowed_list:")]
+    return lists
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+def test_on_two_cpus_every_thread_of_a_stage_keeps_to_one_unless_told_otherwise(http_origin, fault_proxy,
+                                                                                 tmp_path):
+    manifest = make_corpus(http_origin.root / "corpus", shards=8)
+    proxy = fault_proxy(http_origin, FaultPlan(bandwidth_bps=2_000_000))  # a few seconds: time to look at it
+    two = set(CPUS[:2])
+    allowed = {}
+    for flag in (None, "--any-cpu"):
+        cache = tmp_path / (flag or "default").strip("-")
+        proc = subprocess.Popen([*STAGER, *stage_args(f"{proxy.url}/corpus", cache, *([flag] if flag else []))],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: os.sched_setaffinity(0, two))
+        seen: set[str] = set()
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            lists = threads_cpus(proc.pid)
+            if len(lists) > 3:  # the engine's threads are up
+                seen.update(lists)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert json.loads(out)["failed"] == 0
+        allowed[flag] = seen
+    assert len(allowed[None]) == 1 and allowed[None] <= {str(cpu) for cpu in two}, allowed
+    low, high = sorted(two)
+    assert allowed["--any-cpu"] == {f"{low}-{high}" if high == low + 1 else f"{low},{high}"}, allowed
+    bad = run(stage_args(f"{proxy.url}/corpus", tmp_path / "bad"), env={"STAGER_ONE_CPU": "sometimes"})
+    assert_one_line_error(bad, "STAGER_ONE_CPU")
