@@ -88,6 +88,7 @@ class Plan:
         self.idle = asyncio.Event()
         self._positions_of: dict[str, int] | None = None
         self._window_digests: tuple[int, int, frozenset[str]] | None = None  # (cursor, end, digests)
+        self._window_end = (-1, -1, 0)  # (cursor, ahead bytes, end): the last window_end, asked again and again
         self.last_error: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -110,11 +111,17 @@ class Plan:
 
     def window_end(self) -> int:
         """First position past the window that starts at the cursor (always past the cursor)."""
-        if self.cursor >= len(self.order):
+        cursor = self.cursor
+        if cursor >= len(self.order):
             return len(self.order)
-        base = self._ends[self.cursor - 1] if self.cursor else 0
-        end = int(np.searchsorted(self._ends, base + self.ahead_bytes, side="right"))
-        return min(len(self.order), max(end, self.cursor + 1))
+        ahead = self.ahead_bytes
+        last_cursor, last_ahead, last_end = self._window_end
+        if cursor == last_cursor and ahead == last_ahead:  # every blob's begin asks (protected_digests)
+            return last_end
+        base = self._ends[cursor - 1] if cursor else 0
+        end = min(len(self.order), max(int(np.searchsorted(self._ends, base + ahead, side="right")), cursor + 1))
+        self._window_end = (cursor, ahead, end)
+        return end
 
     def window_digests(self) -> frozenset[str]:
         """The digests of the blobs in the window, made once per window (every blob's reservation of
