@@ -5,7 +5,8 @@ take turns at the interpreter's lock. On different CPUs every turn is a
 wake-up across them: staging 2,000 shards of 256 KiB on a two-CPU machine
 cost 136 futex calls and 59 context switches per shard, against 5 and 4 with
 every thread on one CPU, and took 1.5 to 1.8 times as long (staging 32 MiB
-shards behind an origin 40 ms away, 1.25 times; elsewhere no difference).
+shards behind an origin 40 ms away, 1.25 times; at loopback up to 1.1 times;
+behind slower origins no clear difference).
 On one CPU a thread that lets go of the lock for a system call takes it back
 at once, and the other CPU stays free for whatever else the machine runs (the
 origin, a proxy, the training job).
