@@ -251,7 +251,7 @@ def threads_cpus(pid: int) -> list[str]:
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
 def test_on_two_cpus_every_thread_of_a_stage_keeps_to_one_unless_told_otherwise(http_origin, fault_proxy,
                                                                                  tmp_path):
-    manifest = make_corpus(http_origin.root / "corpus", shards=8)
+    manifest = make_corpus(http_origin.root / "corpus", shards=16)  # about 5 MB
     proxy = fault_proxy(http_origin, FaultPlan(bandwidth_bps=2_000_000))  # a few seconds: time to look at it
     two = set(CPUS[:2])
     allowed = {}
@@ -269,7 +269,8 @@ def test_on_two_cpus_every_thread_of_a_stage_keeps_to_one_unless_told_otherwise(
             time.sleep(0.05)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
-        assert json.loads(out)["failed"] == 0
+        summary = json.loads(out)
+        assert summary["failed"] == 0 and summary["blobs"] == len(manifest)
         allowed[flag] = seen
     assert len(allowed[None]) == 1 and allowed[None] <= {str(cpu) for cpu in two}, allowed
     low, high = sorted(two)
