@@ -13,9 +13,10 @@ end. A block that matches the manifest is recorded as verified at once and
 its waiters served while the rest of the request arrives; one that does not
 fails the attempt, which the source's retry loop repeats (blocks recorded
 before it are kept and not written again; the bytes of the failed attempt
-count for nothing and are written over once its writes have ended). :func:`write_held` settles a hedge that won: its
-bytes, held in memory, go over the blocks the first request did not record,
-after that request's writes have ended.
+count for nothing and are written over once its writes have ended).
+:func:`write_held` settles a hedge that won: its bytes, held in memory, go
+over the blocks the first request did not record, after that request's
+writes have ended.
 """
 
 from __future__ import annotations

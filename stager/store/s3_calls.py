@@ -4,10 +4,11 @@ Indexing and replication list a prefix; replication starts, lists,
 completes and aborts multipart uploads and deletes objects. Through s3fs
 these load botocore and aiobotocore first, about 60 MB of memory and a third
 of a CPU second before the first byte moves, for a handful of requests that
-are each one signed HTTP exchange with an XML answer. :class:`DirectClient` makes exactly those exchanges with the
-signer and the HTTP client the store already uses for its reads, and answers
-in the shapes aiobotocore's client gives (the same keys, ``LastModified`` a
-``datetime``), so the store's callers do not tell the two apart.
+are each one signed HTTP exchange with an XML answer. :class:`DirectClient`
+makes exactly those exchanges with the signer and the HTTP client the store
+already uses for its reads, and answers in the shapes aiobotocore's client
+gives (the same keys, ``LastModified`` a ``datetime``), so the store's
+callers do not tell the two apart.
 
 Answers are untrusted: each is read up to :data:`MAX_ANSWER` bytes, parsed
 with the standard library's expat parser (no DTDs or entities are expanded
@@ -89,7 +90,8 @@ class DirectClient:
     async def complete_multipart_upload(self, *, Bucket: str, Key: str, UploadId: str,  # noqa: N803
                                         MultipartUpload: Mapping[str, Any]) -> dict[str, Any]:  # noqa: N803
         parts = "".join(f"<Part><PartNumber>{int(part['PartNumber'])}</PartNumber>"
-                        f"<ETag>{escape(str(part['ETag']), quote=False)}</ETag></Part>" for part in MultipartUpload["Parts"])
+                        f"<ETag>{escape(str(part['ETag']), quote=False)}</ETag></Part>"
+                        for part in MultipartUpload["Parts"])
         body = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
         root = await self._call("POST", Bucket, Key, _query({"uploadId": UploadId}), f"{Key} (complete upload)",
                                 body=body)
