@@ -40,6 +40,10 @@ class PriorityGate:
         self._limit = controller.initial if controller is not None else limit
         self._holders = 0
         self._waiters: list[tuple[float, int, asyncio.Future[None], object]] = []
+        #: Waiters still waiting: the heap also holds those cancelled, until a grant pops them. Counted,
+        #: not summed over the heap: every acquire and every finished slot asks, and with hundreds of
+        #: blob jobs queued (thousands of small shards) the sum was a scan per request.
+        self._waiting = 0
         self._arrivals = itertools.count()
         self._frozen = False
         self.peak_holders = 0
@@ -56,7 +60,7 @@ class PriorityGate:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for _, _, f, _ in self._waiters if not f.done())
+        return self._waiting
 
     def set_limit(self, limit: int) -> None:
         """Allow ``limit`` holders (at least 1); waiters enter at once if there is room now."""
@@ -82,11 +86,14 @@ class PriorityGate:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (priority, next(self._arrivals), future, owner))
+        self._waiting += 1
         try:
             await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release()  # granted just as we were cancelled: pass the slot on
+            else:
+                self._waiting -= 1  # its entry stays in the heap until a grant pops it
             raise
 
     def release(self) -> None:
@@ -108,6 +115,7 @@ class PriorityGate:
         while self._waiters and self._holders < self._limit:
             _, _, future, _ = heapq.heappop(self._waiters)
             if not future.done():
+                self._waiting -= 1
                 self._take()
                 future.set_result(None)
 

@@ -69,3 +69,26 @@ async def test_boost_reorders_queued_waiters_of_one_owner():
     gate.release()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert order == ["boosted", "other"]
+
+
+async def test_waiting_counts_those_still_queued_through_grants_and_cancellations():
+    gate = PriorityGate(1)
+    await gate.acquire()
+    waiters = [asyncio.create_task(gate.acquire(i)) for i in range(4)]
+    await asyncio.sleep(0)
+    assert gate.waiting == 4
+    waiters[1].cancel()  # leaves the queue while its entry is still in the heap
+    await asyncio.gather(waiters[1], return_exceptions=True)
+    assert gate.waiting == 3
+    gate.release()  # the slot goes to waiter 0
+    await asyncio.wait_for(waiters[0], 1)
+    assert (gate.waiting, gate.holders) == (2, 1)
+    gate.release()  # granted to waiter 2 (the cancelled entry is passed over); cancelled before it runs
+    waiters[2].cancel()
+    await asyncio.gather(waiters[2], return_exceptions=True)
+    assert (gate.waiting, gate.holders) == (0, 1)  # its slot went on to waiter 3
+    await asyncio.wait_for(waiters[3], 1)
+    gate.release()
+    assert (gate.waiting, gate.holders) == (0, 0)
+    async with gate.slot():  # a free gate admits at once: the count did not stick above zero
+        assert gate.holders == 1
