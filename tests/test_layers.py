@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Layers, lowest first; keep in step with the README's architecture section.
 LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"errors", "paths", "hashing", "codecs", "config", "progress", "event_loop", "aio", "diskio",
-              "socket_path", "one_cpu"}),
+              "socket_path", "one_cpu", "open_files"}),
     ("core", {"manifest", "store", "cache", "write", "identity"}),
     ("engine", {"engine", "loopback"}),
     ("seam", {"session", "daemon_client", "testing", "cluster"}),

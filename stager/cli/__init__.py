@@ -34,6 +34,7 @@ import click
 from .. import __version__
 from ..errors import StagerError, group_message
 from .config_file import check_config, load_config_file
+from ..open_files import raise_soft_limit
 from .failure import usage_error_line
 
 EXIT_ERROR = 1
@@ -159,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     # No command does linear algebra; OpenBLAS would start a thread per core, which spin
     # for a while after numpy's import, beside the transfer.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if argv is None:  # this process is the command: room for a socket and a file per request in flight
+        raise_soft_limit()
     if argv is None and "pandas" not in sys.modules:  # this process is the command, not a caller's
         # pyarrow imports pandas, when it is installed, the first time it converts an array (to tell
         # pandas objects apart): 0.3 s of CPU before stage's first shard request. No command uses pandas.

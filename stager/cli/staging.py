@@ -16,6 +16,14 @@ from ..manifest import Manifest
 from ..progress import byte_progress
 from ..session import EmbeddedSession, RemoteSession, Session, open_session
 
+#: The most shards whose arrival a staging run waits for at once, in order (fewer at a low concurrency
+#: ceiling: twice the ceiling). The plan's prefetcher does the fetching, as many shards at once as the
+#: adaptive limit allows; these waiters count what arrives and fetch a shard themselves only where the
+#: prefetcher's attempt failed. Twice the default ceiling of them (512) each began a blob hundreds of
+#: shards ahead of the prefetcher, with its lock, its partial file open and allocated, and its index
+#: row, all queued at the gate, which every request then scanned.
+WAITERS = 32
+
 __all__ = ["open_session", "stage"]
 
 
@@ -67,7 +75,7 @@ async def stage(source: SourceConfig, session: Session, cache_cfg: CacheConfig, 
                 session.engine.add_block_listener(lambda ref, n: progress.advance(n))
             plan = await session.plan(dataset, np.arange(count, dtype=np.int64), window_bytes=max(total, 1),
                                       name="stage")
-            jobs = asyncio.Semaphore(max(4, concurrency * 2))
+            jobs = asyncio.Semaphore(max(4, min(WAITERS, concurrency * 2)))
             arrived = 0  # bytes of the requested shards that were not in the cache when we started
 
             async def one(i: int) -> None:

@@ -36,6 +36,7 @@ from ..config import FetchConfig, SourceConfig
 from ..errors import CacheError, DiskFull
 from ..hashing import block_range
 from ..manifest import Manifest
+from ..open_files import request_ceiling
 from ..store import OriginStats
 from ..store.held import held_bytes, paused_connections, receiving_requests
 from .dataset import BlobRef, Dataset
@@ -77,8 +78,9 @@ class Engine(AsyncClosing):
         self.cache = cache
         self.config = config
         self.origin_stats = OriginStats()
+        ceiling = request_ceiling(config.concurrency, descriptors_per_blob=2 if cache.config.direct_writes else 1)
         self.concurrency = ConcurrencyController(
-            config.concurrency, full_request=config.request_bytes, throttled=lambda: self.origin_stats.throttled,
+            ceiling, full_request=config.request_bytes, throttled=lambda: self.origin_stats.throttled,
             memory=MemoryBound(MEMORY_BUDGET, held_bytes, receiving_requests, paused_connections))
         self.gate = PriorityGate(self.concurrency.initial, controller=self.concurrency)
         self.stats = EngineStats(gauges=self._gauges)

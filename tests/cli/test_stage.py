@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import time
@@ -249,6 +250,28 @@ def threads_cpus(pid: int) -> list[str]:
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+def test_many_shards_at_a_high_concurrency_stage_within_a_small_limit_of_open_files(http_origin, fault_proxy,
+                                                                                    tmp_path):
+    """Each blob being fetched holds its partial file open. A run of 600 shards at `--concurrency 2048`
+    under a limit of 256 open files once began every shard at once and failed most with "Too many open
+    files": now it begins shards as the prefetcher reaches them, within what the limit has room for."""
+    manifest = make_corpus(http_origin.root / "corpus", shards=600, tokens=40_000)  # 80 KB, 2 blocks each
+    proxy = fault_proxy(http_origin, FaultPlan(latency_s=0.2))  # each shard's job stays open a while
+
+    def small_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    args = ["stage", f"{proxy.url}/corpus", "--cache", str(tmp_path / "cache"), "--capacity", "4GB",
+            "--concurrency", "2048", "--json"]
+    result = subprocess.run([*STAGER, *args], capture_output=True, text=True, timeout=120, preexec_fn=small_limit,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout)
+    assert summary["failed"] == 0 and summary["blobs"] == len(manifest)
+    with CacheTier(CacheConfig(tmp_path / "cache", capacity=200 << 20)) as cache:
+        assert_cache_matches(cache, manifest, http_origin.root / "corpus")
+
+
 def test_on_two_cpus_every_thread_of_a_stage_keeps_to_one_unless_told_otherwise(http_origin, fault_proxy,
                                                                                  tmp_path):
     manifest = make_corpus(http_origin.root / "corpus", shards=16)  # about 5 MB
