@@ -21,6 +21,7 @@ its signed-header list.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import hmac
 import re
@@ -41,8 +42,13 @@ def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
+@functools.lru_cache(maxsize=16)
 def signing_key(secret_key: str, date: str, region: str, service: str) -> bytes:
-    """Derive the SigV4 signing key for ``date`` (YYYYMMDD)."""
+    """Derive the SigV4 signing key for ``date`` (YYYYMMDD).
+
+    Kept for the next request: the key changes only with the day (or the credentials), and deriving
+    it was half the cost of signing one (four HMACs); thousands of small shards sign a request each.
+    """
     k_date = _hmac(("AWS4" + secret_key).encode(), date)
     return _hmac(_hmac(_hmac(k_date, region), service), "aws4_request")
 

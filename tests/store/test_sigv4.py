@@ -45,3 +45,14 @@ def test_a_session_token_and_an_unsigned_payload_are_signed_headers():
     _, _, signed = sigv4.parse_authorization(out["Authorization"])
     assert signed == ["host", "x-amz-content-sha256", "x-amz-date", "x-amz-security-token"]
     assert sigv4.resign_headers("PUT", "/b/k", "", out, secret_key=SECRET) == out  # the signature checks out
+
+
+def test_the_kept_signing_key_is_that_of_the_secret_and_the_day_asked_for():
+    other = sigv4.sign_headers("GET", "https://examplebucket.s3.amazonaws.com/test.txt", access_key="AK",
+                               secret_key="another secret", headers={"Range": "bytes=0-9"}, now=WHEN)
+    assert "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41" not in other["Authorization"]
+    test_sign_headers_gives_the_reference_signature()  # the same day, after another secret's key was kept
+    day = sigv4.signing_key(SECRET, "20130524", "us-east-1", "s3")
+    assert sigv4.signing_key(SECRET, "20130525", "us-east-1", "s3") != day
+    assert sigv4.signing_key(SECRET, "20130524", "eu-west-1", "s3") != day
+    assert sigv4.signing_key(SECRET, "20130524", "us-east-1", "s3") == day
