@@ -12,7 +12,7 @@ limit. So:
   the operator's policy lives; a library caller's process is left as it is;
 - the engine takes its concurrency ceiling as the lesser of the configured
   one and what the soft limit has room for (:func:`request_ceiling`), and
-  says so in the log when that is lower.
+  warns when that is lower.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def request_ceiling(configured: int, descriptors_per_blob: int = 1) -> int:
         return configured
     room = max(4, (soft - RESERVED) // (1 + 2 * descriptors_per_blob))
     if room < configured:
-        log.info("concurrency ceiling %d lowered to %d: the soft limit of %d open files has room for no more "
+        log.warning("concurrency ceiling %d lowered to %d: the soft limit of %d open files has room for no more "
                  "(raise it with `ulimit -n`)", configured, room, soft)
         return room
     return configured

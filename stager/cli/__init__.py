@@ -33,8 +33,8 @@ import click
 
 from .. import __version__
 from ..errors import StagerError, group_message
-from .config_file import check_config, load_config_file
 from ..open_files import raise_soft_limit
+from .config_file import check_config, load_config_file
 from .failure import usage_error_line
 
 EXIT_ERROR = 1
