@@ -83,6 +83,11 @@ class Plan:
         self.cursor = 0
         self._ends = np.cumsum(manifest.sizes[self.order]) if len(self.order) else np.zeros(0, np.int64)
         self._moved = asyncio.Event()
+        #: Set by every move of the cursor and the end of every fetch the prefetcher started: what it
+        #: waits for. (Waiting on all its fetches at once with ``asyncio.wait`` hooked and unhooked a
+        #: callback on each of them at every wake-up: with a hundred or more in flight behind a slow
+        #: origin, a scan per finished shard.)
+        self._changed = asyncio.Event()
         #: Set while the prefetcher has asked for every blob of its window and none is in flight
         #: (cleared by a move of the cursor until the prefetcher has seen it).
         self.idle = asyncio.Event()
@@ -157,6 +162,7 @@ class Plan:
         if self._task is not None and not self._task.done():  # one that has ended has staged the whole order
             self.idle.clear()  # until the prefetcher has looked at the moved window
         self._moved.set()
+        self._changed.set()
 
     def ref(self, position: int):
         return self.dataset.ref(int(self.order[position]))
@@ -213,8 +219,9 @@ class Plan:
                 while next_pos < end and len(in_flight) < limit:
                     ref = self.ref(next_pos)
                     if cache.state(ref.digest) is not BlobState.COMPLETE:
-                        in_flight[next_pos] = asyncio.create_task(
-                            owner.ensure(ref, priority=float(next_pos - self.cursor)))
+                        task = asyncio.create_task(owner.ensure(ref, priority=float(next_pos - self.cursor)))
+                        task.add_done_callback(self._fetch_ended)
+                        in_flight[next_pos] = task
                     next_pos += 1
                 if in_flight:
                     self.idle.clear()
@@ -222,11 +229,8 @@ class Plan:
                     self.idle.set()
                 if next_pos >= len(self.order) and not in_flight:
                     return
-                moved = asyncio.ensure_future(self._moved.wait())
-                try:
-                    await asyncio.wait({moved, *in_flight.values()}, return_when=asyncio.FIRST_COMPLETED)
-                finally:  # also when the plan is closed meanwhile: a pending waiter left behind is a leak
-                    moved.cancel()
+                await self._changed.wait()  # a fetch ended or the cursor moved (maybe before the wait began)
+                self._changed.clear()  # before looking: what ends from here on sets it again
                 for pos, task in list(in_flight.items()):
                     if not task.done():
                         continue
@@ -243,6 +247,9 @@ class Plan:
         finally:
             for task in in_flight.values():
                 task.cancel()
+
+    def _fetch_ended(self, _task: asyncio.Task) -> None:
+        self._changed.set()
 
     async def _wait_moved(self, timeout: float) -> None:
         await wait_until_set(self._moved, timeout)
