@@ -12,13 +12,18 @@ up, gone with the socket that bound it, never on the network. The first
 member to bind the name collects every member's payload and sends the list
 back to each. Every wait is bounded by one deadline: a member that never comes
 (a worker that died while starting) fails the others with a clear error,
-never a hang.
+never a hang. And every wait looks, at least once a second, whether the
+process that started the member is still there: workers of a loader whose
+process died (a job that crashed, or exited on the error of another worker)
+give up at once rather than outlive it by the whole deadline.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import os
+import select
 import socket
 import struct
 import time
@@ -28,6 +33,7 @@ from ..errors import StagerError
 
 _LENGTH = struct.Struct("!I")
 _RETRY = 0.005  # seconds between attempts while the first member binds but does not listen yet
+_LOOK = 1.0  # seconds a wait goes at most before it looks whether the loader's process is still there
 MAX_FRAME = 1 << 24
 
 
@@ -36,17 +42,36 @@ def _send(sock: socket.socket, value: Any) -> None:
     sock.sendall(_LENGTH.pack(len(body)) + body)
 
 
-def _receive(sock: socket.socket) -> Any:
-    head = _exactly(sock, _LENGTH.size)
+class _Orphaned(Exception):
+    """The process that started this member is gone."""
+
+
+def _wait_readable(sock: socket.socket, deadline: float, parent: int) -> None:
+    """Return once ``sock`` can be read (or accepted on); raise TimeoutError past ``deadline``, and
+    :class:`_Orphaned` once this process's parent is no longer ``parent``."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        readable, _, _ = select.select([sock], [], [], min(left, _LOOK))
+        if readable:
+            return
+        if os.getppid() != parent:
+            raise _Orphaned
+
+
+def _receive(sock: socket.socket, deadline: float, parent: int) -> Any:
+    head = _exactly(sock, _LENGTH.size, deadline, parent)
     (size,) = _LENGTH.unpack(head)
     if size > MAX_FRAME:
         raise StagerError(f"worker state exchange: a frame of {size} bytes is larger than {MAX_FRAME}")
-    return json.loads(_exactly(sock, size))
+    return json.loads(_exactly(sock, size, deadline, parent))
 
 
-def _exactly(sock: socket.socket, size: int) -> bytes:
+def _exactly(sock: socket.socket, size: int, deadline: float, parent: int) -> bytes:
     chunks, left = [], size
     while left:
+        _wait_readable(sock, deadline, parent)
         chunk = sock.recv(left)
         if not chunk:
             raise ConnectionError("the other side closed the exchange")
@@ -72,11 +97,14 @@ def exchange(name: str, member: int, members: int, payload: Any, timeout: float)
         return [payload]
     address = "\0stager-exchange-" + name
     deadline = time.monotonic() + timeout
+    parent = os.getppid()
     try:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
+            if os.getppid() != parent:
+                raise _Orphaned
             hub = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 hub.bind(address)
@@ -86,7 +114,7 @@ def exchange(name: str, member: int, members: int, payload: Any, timeout: float)
                     raise
             else:
                 with hub:
-                    return _collect(hub, member, members, payload, deadline)
+                    return _collect(hub, member, members, payload, deadline, parent)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             with sock:
                 sock.settimeout(left)
@@ -96,10 +124,13 @@ def exchange(name: str, member: int, members: int, payload: Any, timeout: float)
                     time.sleep(_RETRY)  # bound, not listening yet (or just closed): try again
                     continue
                 _send(sock, [member, payload])
-                everyone = _receive(sock)
+                everyone = _receive(sock, deadline, parent)
                 if not isinstance(everyone, list):
                     raise TimeoutError  # the hub gave up waiting for some member: the same failure here
                 return everyone
+    except _Orphaned:
+        raise StagerError(f"DataLoader worker {member} of {members}: the loader's process is gone; "
+                          "not waiting for the other workers") from None
     except (TimeoutError, socket.timeout) as exc:
         raise StagerError(f"DataLoader worker {member} of {members}: not every worker of the loader started "
                           f"within {timeout:.0f} s to share the resume state (did a worker die?)") from exc
@@ -108,17 +139,19 @@ def exchange(name: str, member: int, members: int, payload: Any, timeout: float)
                           f"{exc}") from exc
 
 
-def _collect(hub: socket.socket, member: int, members: int, payload: Any, deadline: float) -> list[Any]:
+def _collect(hub: socket.socket, member: int, members: int, payload: Any, deadline: float,
+             parent: int) -> list[Any]:
     hub.listen(members)
     got: dict[int, Any] = {member: payload}
     peers: list[socket.socket] = []
     try:
         while len(got) < members:
+            _wait_readable(hub, deadline, parent)
             hub.settimeout(max(deadline - time.monotonic(), 0.001))
             peer, _ = hub.accept()
             peers.append(peer)
             peer.settimeout(max(deadline - time.monotonic(), 0.001))
-            who, theirs = _receive(peer)
+            who, theirs = _receive(peer, deadline, parent)
             got.setdefault(int(who), theirs)
         if sorted(got) != list(range(members)):
             raise ValueError(f"members {sorted(got)} are not 0..{members - 1}")
@@ -126,7 +159,7 @@ def _collect(hub: socket.socket, member: int, members: int, payload: Any, deadli
         for peer in peers:
             _send(peer, everyone)
         return everyone
-    except TimeoutError:
+    except (TimeoutError, _Orphaned):
         for peer in peers:  # the members that came are told, so they fail now, as this one does
             try:
                 _send(peer, {"gave_up": len(got)})

@@ -1,7 +1,10 @@
 """The workers' swap of resume-state parts, between real processes."""
 
 import multiprocessing
+import os
+import queue
 import secrets
+import signal
 import time
 
 import pytest
@@ -65,3 +68,38 @@ def test_groups_with_other_names_do_not_mix():
             proc.join(timeout=30)
     for _, everyone in got:
         assert everyone in ([f"{name_a}-0", f"{name_a}-1"], [f"{name_b}-0", f"{name_b}-1"])
+
+
+def loader_process(name, out):
+    """A loader's process: starts one worker that waits for a second one, then dies at once."""
+    worker = FORK.Process(target=member, args=(name, 0, 2, "a", 60, out))
+    worker.start()
+    out.put(("worker pid", worker.pid))
+    time.sleep(0.5)  # the worker is waiting in the exchange by now
+    os._exit(3)
+
+
+def test_a_worker_whose_loader_process_died_gives_up_within_seconds():
+    """A job that dies while its loader's workers meet (a crash, or its exit on another worker's error)
+    must not leave them waiting out the whole deadline (60 s here) holding what they hold."""
+    out = FORK.Queue()
+    loader = FORK.Process(target=loader_process, args=(secrets.token_hex(8), out))
+    loader.start()
+    worker_pid = None
+    try:
+        label, worker_pid = out.get(timeout=30)
+        assert label == "worker pid"
+        loader.join(timeout=30)
+        died = time.monotonic()
+        try:
+            k, result = out.get(timeout=20)
+        except queue.Empty:
+            raise AssertionError("the worker still waited 20 s after its loader's process died") from None
+        assert k == 0 and result.startswith("error: ") and "the loader's process is gone" in result, result
+        assert time.monotonic() - died < 10
+    finally:
+        if worker_pid is not None:
+            try:
+                os.kill(worker_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
