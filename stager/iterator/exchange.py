@@ -34,6 +34,7 @@ from ..errors import StagerError
 _LENGTH = struct.Struct("!I")
 _RETRY = 0.005  # seconds between attempts while the first member binds but does not listen yet
 _LOOK = 1.0  # seconds a wait goes at most before it looks whether the loader's process is still there
+_ORPHANED = "the loader's process is gone; not waiting for the other workers"
 MAX_FRAME = 1 << 24
 
 
@@ -42,13 +43,9 @@ def _send(sock: socket.socket, value: Any) -> None:
     sock.sendall(_LENGTH.pack(len(body)) + body)
 
 
-class _Orphaned(Exception):
-    """The process that started this member is gone."""
-
-
 def _wait_readable(sock: socket.socket, deadline: float, parent: int) -> None:
     """Return once ``sock`` can be read (or accepted on); raise TimeoutError past ``deadline``, and
-    :class:`_Orphaned` once this process's parent is no longer ``parent``."""
+    StagerError once this process's parent is no longer ``parent``."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -56,8 +53,12 @@ def _wait_readable(sock: socket.socket, deadline: float, parent: int) -> None:
         readable, _, _ = select.select([sock], [], [], min(left, _LOOK))
         if readable:
             return
-        if os.getppid() != parent:
-            raise _Orphaned
+        _check_parent(parent)
+
+
+def _check_parent(parent: int) -> None:
+    if os.getppid() != parent:
+        raise StagerError(_ORPHANED)
 
 
 def _receive(sock: socket.socket, deadline: float, parent: int) -> Any:
@@ -103,8 +104,7 @@ def exchange(name: str, member: int, members: int, payload: Any, timeout: float)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            if os.getppid() != parent:
-                raise _Orphaned
+            _check_parent(parent)
             hub = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 hub.bind(address)
@@ -128,9 +128,8 @@ def exchange(name: str, member: int, members: int, payload: Any, timeout: float)
                 if not isinstance(everyone, list):
                     raise TimeoutError  # the hub gave up waiting for some member: the same failure here
                 return everyone
-    except _Orphaned:
-        raise StagerError(f"DataLoader worker {member} of {members}: the loader's process is gone; "
-                          "not waiting for the other workers") from None
+    except StagerError as exc:
+        raise StagerError(f"DataLoader worker {member} of {members}: {exc}") from None
     except (TimeoutError, socket.timeout) as exc:
         raise StagerError(f"DataLoader worker {member} of {members}: not every worker of the loader started "
                           f"within {timeout:.0f} s to share the resume state (did a worker die?)") from exc
@@ -159,7 +158,7 @@ def _collect(hub: socket.socket, member: int, members: int, payload: Any, deadli
         for peer in peers:
             _send(peer, everyone)
         return everyone
-    except (TimeoutError, _Orphaned):
+    except (TimeoutError, StagerError):
         for peer in peers:  # the members that came are told, so they fail now, as this one does
             try:
                 _send(peer, {"gave_up": len(got)})
