@@ -81,14 +81,31 @@ def resume(data, cache, outs: list[Path], state: Path, workers: int, *extra, tim
     results = []
     try:
         for proc in procs:
-            _, err = proc.communicate(timeout=timeout)
+            try:
+                _, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                if proc.poll() is None:
+                    raise
+                # The job has ended, but a loader worker of it lives on holding its stderr: torchdata's
+                # worker takes its parent's pid for its watchdog only once its start-up is over, so a
+                # worker still starting when the job exits never sees it go (one was found alive 41
+                # minutes later). The job's own exit is what is judged here; its orphans are reaped.
+                _kill_session(proc)
+                _, err = proc.communicate(timeout=30)
             results.append((proc.returncode, err))
     finally:
-        for proc in procs:
+        for proc in procs:  # also a job that has exited: workers it left behind share its session
+            _kill_session(proc)
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
     return results
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the job and everything it started are gone
+        pass
 
 
 def read(path: Path) -> list[list[int]]:
