@@ -87,6 +87,7 @@ async def test_metrics_count_what_happened(node):
     assert value(after, "stager_hedged_requests_total") == 0
     assert value(after, "stager_fetch_concurrency_ceiling") == 4  # the configured concurrency, a ceiling
     assert 1 <= value(after, "stager_fetch_concurrency") <= 4  # where the SlowDowns left the adaptive limit
+    assert value(after, "stager_fetch_concurrency") == daemon.engine.gate.limit  # the live limit, nothing in flight
     assert value(after, "stager_fetch_requests_in_flight") == 0  # all staged
     assert value(after, "stager_fetch_throttle_backoffs_total") >= 1  # the SlowDowns above cut the limit
     served = value(after, "stager_served_blobs_total", outcome="hit") + \
