@@ -63,7 +63,7 @@ def save_mid_epoch(data, cache, out: Path, workers: int, steps: int, snapshot_ev
             time.sleep(0.05)
         assert out.exists(), "the first process never checkpointed"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the process and its loader workers
+        _kill_session(proc)  # the process and its loader workers
         proc.wait(timeout=30)
     return Path(str(out) + ".state")
 
